@@ -1,0 +1,116 @@
+/* pagedattn/attention.h — one layer of attention over a planned batch, and merging states.
+ *
+ * Scores s = scale * (q . k); soft cap (if > 0): s = cap * tanh(s / cap); ALiBi (if given):
+ * s += slope[h] * (key_pos - query_pos); masks; softmax in float32 with max subtraction; output
+ * in the query dtype. Query head h uses KV head h / (num_heads / num_kv_heads).
+ *
+ * Thread safety: forwards may run concurrently on one backend with distinct batches and outputs;
+ * see batch.h and kv_cache.h for what they share.
+ */
+#ifndef PAGEDATTN_ATTENTION_H
+#define PAGEDATTN_ATTENTION_H
+
+#include "pagedattn/backend.h"
+#include "pagedattn/batch.h"
+#include "pagedattn/common.h"
+#include "pagedattn/kv_cache.h"
+#include "pagedattn/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum pagedattn_attention_type {
+  /* Causal self-attention over the paged cache: token at position p sees keys at positions <= p
+   * (and, with a sliding window W, only p - key_pos < W). */
+  PAGEDATTN_ATTENTION_DECODER = 0,
+  /* Bidirectional self-attention among each sequence's own tokens (context_len must be 0);
+   * K/V come from the k/v tensors; with write_kv they are also stored in the cache. */
+  PAGEDATTN_ATTENTION_ENCODER = 1,
+  /* As ENCODER, without a cache (cache may be NULL; write_kv must be 0). */
+  PAGEDATTN_ATTENTION_ENCODER_ONLY = 2,
+  /* Decoder queries over the encoder's K/V in the cross cache (batch's encoder_lens and
+   * cross_block_tables); no causal mask. With write_kv, k/v hold the encoder tokens of the
+   * sequences at their first step and are stored first (see batch.h). */
+  PAGEDATTN_ATTENTION_CROSS = 3
+} pagedattn_attention_type;
+
+/* Per-call options. Initialise with pagedattn_attention_options_init, then set the shape. */
+typedef struct pagedattn_attention_options {
+  uint32_t struct_size;   /* sizeof(pagedattn_attention_options) */
+  int32_t num_heads;      /* H: query heads */
+  int32_t num_kv_heads;   /* Hkv: H % Hkv == 0 */
+  int32_t head_size;      /* D: must equal the cache's head size */
+  float scale;            /* score scale; 0 = 1/sqrt(head_size) */
+  float soft_cap;         /* > 0 enables s = cap * tanh(s / cap); 0 = off */
+  int32_t sliding_window; /* W > 0: only keys with p - key_pos < W; 0 = off (decoder only) */
+  pagedattn_attention_type attention_type;
+  int32_t write_kv;       /* 1: write the step's k/v into the cache first; 0: the caller did */
+  float k_scale;          /* fp8 caches: dequantisation scales (> 0, finite); default 1 */
+  float v_scale;
+  /* Optional ALiBi slopes: float32 [num_heads] tensor on the backend's device, or NULL
+   * (decoder only). Read during the call (GPU: when the work runs on the stream). */
+  const pagedattn_tensor* alibi_slopes;
+  uint32_t flags;         /* reserved, must be 0 */
+} pagedattn_attention_options;
+
+/* Fills *opts with defaults: zero shape, scale 0 (= 1/sqrt(D)), no soft cap, no window, decoder,
+ * write_kv 1, k/v scales 1, no ALiBi; sets struct_size. Returns PAGEDATTN_ERROR_NULL_POINTER. */
+PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(pagedattn_attention_options* opts);
+
+/* Runs one layer of attention for a planned batch.
+ *
+ * q: [num_tokens, H, D]; k, v: [rows, Hkv, D] (rows = num_tokens, or num_encoder_tokens for a
+ * cross forward), needed when write_kv = 1 and for encoder types, else may be NULL; out:
+ * [num_tokens, H, D] with q's dtype; lse: optional float32 [num_tokens, H] (natural log of each
+ * softmax denominator, including scale and max; -inf for a row that sees no key). Any strides
+ * with a unit innermost stride. All on the backend's device; q/k/v/out of one dtype
+ * (float32/float16/bfloat16); the cache's dtype must be that dtype or fp8.
+ * `cache` is the self-attention cache (decoder, encoder) or the cross cache (cross); NULL only for
+ * ENCODER_ONLY. `layer` indexes the cache's layers. Rows of out (and lse) belonging to sequences
+ * with query_len 0 do not exist; every row of out is written.
+ * Order: the step's k/v are written to the cache first (if write_kv), then attention reads the
+ * keys from the cache (decoder, cross), so new tokens see each other through the cache.
+ * No allocation, no validation pass over the tables and no host sync: capturable in a CUDA/HIP
+ * graph on GPU backends. Runs on `stream` (NULL = default; ignored on CPU).
+ * Returns: PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE,
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (H % Hkv != 0, non-positive shape, head_size != the cache's,
+ * num_kv_heads != the cache's, negative window or cap, bad scales or flags, ALiBi or a window
+ * with a non-decoder type, ENCODER types with context_len > 0, write_kv with ENCODER_ONLY, a cache
+ * whose block size or count differs from the one planned), PAGEDATTN_ERROR_BAD_TENSOR (rank,
+ * shape, dtype, stride), PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_OUT_OF_RANGE (layer),
+ * PAGEDATTN_ERROR_UNSUPPORTED (a feature, head size or dtype combination the backend lacks),
+ * PAGEDATTN_ERROR_INVALID_HANDLE (handles from different backends or destroyed),
+ * PAGEDATTN_ERROR_DEVICE. On error nothing is written (neither out, lse nor the cache). */
+PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
+                                                const pagedattn_batch* batch,
+                                                pagedattn_kv_cache* cache, int32_t layer,
+                                                const pagedattn_attention_options* opts,
+                                                const pagedattn_tensor* q,
+                                                const pagedattn_tensor* k,
+                                                const pagedattn_tensor* v,
+                                                pagedattn_tensor* out, pagedattn_tensor* lse,
+                                                void* stream);
+
+/* Merges two partial attention results over disjoint key sets into the exact result:
+ * lse = log(exp(lse1) + exp(lse2)), out = (exp(lse1 - lse) * o1 + exp(lse2 - lse) * o2).
+ * o1, o2, out: [T, H, D] of one dtype (float32/float16/bfloat16); lse1, lse2: float32 [T, H];
+ * lse_out: optional float32 [T, H]. A state with lse = -inf is empty (contributes nothing); if
+ * both are empty, out is 0 and lse_out -inf. out may be o1 or o2 (in place), lse_out may be lse1
+ * or lse2. All on the backend's device; runs on `stream`. Returns PAGEDATTN_ERROR_NULL_POINTER,
+ * PAGEDATTN_ERROR_BAD_TENSOR, PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_INVALID_HANDLE,
+ * PAGEDATTN_ERROR_UNSUPPORTED, PAGEDATTN_ERROR_DEVICE. */
+PAGEDATTN_API pagedattn_status pagedattn_merge_states(pagedattn_backend* backend,
+                                                     pagedattn_tensor* out,
+                                                     pagedattn_tensor* lse_out,
+                                                     const pagedattn_tensor* o1,
+                                                     const pagedattn_tensor* lse1,
+                                                     const pagedattn_tensor* o2,
+                                                     const pagedattn_tensor* lse2,
+                                                     void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PAGEDATTN_ATTENTION_H */

@@ -1,0 +1,123 @@
+/* pagedattn/backend.h — listing, creating and querying backends.
+ *
+ * A backend is one compute device driven by one implementation: "cpu" (portable SIMD, built into
+ * the core), "onednn" (plugin), "cuda" (plugin), "hip" (plugin). "auto" picks the best available
+ * one. Plugins are shared objects named libpagedattn-<name>.so, searched first in each directory
+ * of the environment variable PAGEDATTN_PLUGIN_PATH (colon-separated), then beside the core
+ * library. They are loaded on first use and must match the core's plugin ABI version.
+ *
+ * Thread safety: a backend handle may be used from many threads at once for calls on distinct
+ * batches, outputs and cache regions (see each call). Creating and destroying backends is
+ * thread-safe; destroying a backend while another thread uses it, or before the caches and
+ * batches created from it, is a caller error (the latter is detected: see destroy).
+ */
+#ifndef PAGEDATTN_BACKEND_H
+#define PAGEDATTN_BACKEND_H
+
+#include "pagedattn/common.h"
+#include "pagedattn/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pagedattn_backend pagedattn_backend;
+
+/* Feature bits reported in pagedattn_capabilities.features. */
+#define PAGEDATTN_FEATURE_ALIBI (1u << 0)
+#define PAGEDATTN_FEATURE_SOFT_CAP (1u << 1)
+#define PAGEDATTN_FEATURE_SLIDING_WINDOW (1u << 2)
+#define PAGEDATTN_FEATURE_CROSS_ATTENTION (1u << 3)
+#define PAGEDATTN_FEATURE_ENCODER (1u << 4)       /* encoder and encoder-only attention */
+#define PAGEDATTN_FEATURE_FP8_CACHE (1u << 5)     /* fp8 e4m3 / e5m2 caches */
+#define PAGEDATTN_FEATURE_LSE (1u << 6)           /* log-sum-exp output */
+#define PAGEDATTN_FEATURE_MERGE_STATES (1u << 7)
+#define PAGEDATTN_FEATURE_CHUNKED_PREFILL (1u << 8) /* query_len > 1 with context_len > 0 */
+#define PAGEDATTN_FEATURE_HOST_SWAP (1u << 9)     /* swap between device and host caches */
+#define PAGEDATTN_FEATURE_GRAPH_CAPTURE (1u << 10) /* forward is capturable in a CUDA/HIP graph */
+#define PAGEDATTN_FEATURE_WRAP_CACHE (1u << 11)   /* caches over caller memory */
+
+/* What a backend can do, so a caller can decide before calling. */
+typedef struct pagedattn_capabilities {
+  uint32_t struct_size;      /* in: sizeof(pagedattn_capabilities) */
+  const char* name;          /* "cpu", "onednn", "cuda", "hip"; static string */
+  pagedattn_device device;   /* where tensors and caches must live */
+  uint32_t features;         /* PAGEDATTN_FEATURE_* */
+  uint32_t dtypes;           /* q/k/v/out types: PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_*) */
+  uint32_t cache_dtypes;     /* cache types: PAGEDATTN_DTYPE_BIT(...) */
+  uint32_t layouts;          /* bit PAGEDATTN_LAYOUT_* (1u << layout) */
+  uint32_t block_sizes;      /* bit k set = block size 2^k supported (k = 0..8) */
+  uint32_t head_sizes;       /* bit i set = head size 8*(i+1) supported (8..256) */
+  int32_t max_num_threads;   /* CPU: worker threads in use; GPU: 0 */
+  uint64_t total_memory;     /* bytes of device memory (GPU), 0 if unknown / host */
+} pagedattn_capabilities;
+
+/* Options for pagedattn_backend_create. Initialise with pagedattn_backend_options_init. */
+typedef struct pagedattn_backend_options {
+  uint32_t struct_size;   /* sizeof(pagedattn_backend_options) */
+  int32_t device_index;   /* GPU ordinal; 0 on CPU */
+  int32_t num_threads;    /* CPU backends: worker threads, 0 = one per online core */
+  uint32_t flags;         /* reserved, must be 0 */
+  /* Upper bound on bytes this backend may allocate for caches and batch workspaces
+   * (0 = unlimited). An allocation beyond it fails with PAGEDATTN_ERROR_OUT_OF_MEMORY. */
+  uint64_t memory_limit;
+} pagedattn_backend_options;
+
+/* Fills *opts with defaults (device 0, all cores, no limit) and sets struct_size.
+ * Returns PAGEDATTN_ERROR_NULL_POINTER if opts is NULL. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_backend_options_init(pagedattn_backend_options* opts);
+
+/* One entry of the backend list. Strings are static and owned by the library. */
+typedef struct pagedattn_backend_info {
+  uint32_t struct_size; /* in: sizeof(pagedattn_backend_info) */
+  const char* name;     /* "cpu", "onednn", "cuda", "hip" */
+  int32_t available;    /* 1 if pagedattn_backend_create(name) can succeed with device 0 */
+  const char* reason;   /* why it is unavailable ("" when available), e.g. the plugin's path and
+                           dlopen's message, or "no CUDA device: cudaGetDeviceCount returned 100" */
+} pagedattn_backend_info;
+
+/* Number of backends pagedattn knows of (available or not). Thread-safe; cannot fail. */
+PAGEDATTN_API int32_t pagedattn_backend_count(void);
+
+/* Describes backend number `index` (0 <= index < pagedattn_backend_count()), loading and probing
+ * its plugin if needed. Returns PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE,
+ * PAGEDATTN_ERROR_OUT_OF_RANGE (bad index). An unavailable backend is not an error: available
+ * is 0 and reason says why. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_backend_get_info(pagedattn_backend_info* out,
+                                                         int32_t index);
+
+/* Creates a backend by name: "cpu", "onednn", "cuda", "hip", or "auto" (the first available of
+ * cuda, hip, onednn, cpu; on CPU, onednn only where it is faster — see README). opts may be NULL
+ * for defaults. On success *out owns a new handle; free it with pagedattn_backend_destroy.
+ * Returns: PAGEDATTN_ERROR_NULL_POINTER (out or name), PAGEDATTN_ERROR_STRUCT_SIZE,
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (negative thread count or device index, flags != 0),
+ * PAGEDATTN_ERROR_UNKNOWN_BACKEND, PAGEDATTN_ERROR_BACKEND_UNAVAILABLE (no such device, no
+ * driver), PAGEDATTN_ERROR_PLUGIN / PAGEDATTN_ERROR_PLUGIN_ABI (the message names the file),
+ * PAGEDATTN_ERROR_OUT_OF_MEMORY, PAGEDATTN_ERROR_DEVICE. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_backend_create(pagedattn_backend** out, const char* name,
+                                                       const pagedattn_backend_options* opts);
+
+/* Destroys a backend. NULL is a no-op. All caches and batches created from it must be destroyed
+ * first; if some are still alive the backend is kept alive until the last one is destroyed
+ * (reference-counted), so out-of-order destruction never crashes. Waits for none of the caller's
+ * streams: synchronise them first. Not thread-safe with other calls on the same backend. */
+PAGEDATTN_API void pagedattn_backend_destroy(pagedattn_backend* backend);
+
+/* Fills *out (up to out->struct_size bytes) with the backend's capabilities. Returns
+ * PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_HANDLE.
+ * Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_backend_get_capabilities(
+    pagedattn_capabilities* out, const pagedattn_backend* backend);
+
+/* Waits until all work pagedattn queued on `stream` (NULL = default stream) has finished, and
+ * reports an asynchronous device error if one occurred. CPU backends run synchronously, so this
+ * returns PAGEDATTN_OK at once. Returns PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_DEVICE.
+ * Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_backend_synchronize(pagedattn_backend* backend,
+                                                            void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PAGEDATTN_BACKEND_H */

@@ -1,0 +1,144 @@
+/* pagedattn/batch.h — the batch metadata, validated and planned once per step.
+ *
+ * A batch lists sequences. Sequence i has query_lens[i] new tokens this step (>= 1, or 0 for an
+ * idle padded entry) and context_lens[i] tokens already in the cache before this step; its block
+ * table row holds at least ceil((context_lens[i] + query_lens[i]) / block_size) block ids.
+ * Decode is query_len == 1; a prefill chunk is query_len > 1 with any context_len (0: plain
+ * prefill; > 0: chunked prefill or a prefix-cache hit). Any mix, in any order. The tokens of
+ * sequence i are rows query_start[i] .. query_start[i+1]-1 of q/k/v/out.
+ *
+ * Token j of sequence i sits at position p = context_lens[i] + j, in slot
+ * table[i][p / block_size] * block_size + p % block_size. The library computes this slot mapping
+ * (pagedattn_batch_get_slot_mapping) unless the caller passes its own.
+ *
+ * Cross attention (encoder-decoder): encoder_lens[i] encoder tokens of sequence i live in a cross
+ * cache at positions 0..encoder_lens[i]-1 through cross_block_tables. Their K/V are written once,
+ * at the sequence's first step (context_lens[i] == 0): the k/v rows of a cross forward are the
+ * encoder tokens of those sequences, in sequence order (pagedattn_batch_get_cross_slot_mapping).
+ *
+ * Planning (create/update) validates every length, id and width and computes the work split
+ * (e.g. split-KV partitions). A forward with a planned batch does no validation pass over the
+ * tables, no allocation and no host synchronisation, so it can be captured in a CUDA/HIP graph;
+ * pagedattn_batch_update then refreshes the same memory in place for replay.
+ *
+ * Thread safety: a batch may be used by any number of concurrent forwards only if none of them
+ * updates it; update and destroy need exclusive access. Forwards that share a batch share its
+ * workspace, so on CPU backends concurrent forwards must use distinct batches (a forward on a
+ * batch already in use on another thread waits for it).
+ */
+#ifndef PAGEDATTN_BATCH_H
+#define PAGEDATTN_BATCH_H
+
+#include "pagedattn/backend.h"
+#include "pagedattn/common.h"
+#include "pagedattn/kv_cache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pagedattn_batch pagedattn_batch;
+
+/* Host arrays describing one step. The library copies what it needs; nothing is kept. */
+typedef struct pagedattn_batch_desc {
+  uint32_t struct_size;         /* sizeof(pagedattn_batch_desc) */
+  int32_t num_seqs;             /* >= 0 */
+  const int32_t* query_lens;    /* [num_seqs], each >= 0 */
+  const int32_t* context_lens;  /* [num_seqs], each >= 0 */
+  const int32_t* block_tables;  /* [num_seqs][block_table_stride], row-major; NULL only for a
+                                   batch used solely for encoder-only attention */
+  int32_t block_table_stride;   /* entries per row */
+  /* Optional caller slot mapping: [sum(query_lens)] slots, -1 for padding. NULL = computed from
+   * the block tables. */
+  const int64_t* slot_mapping;
+  /* Cross attention only (NULL / 0 otherwise). */
+  const int32_t* encoder_lens;        /* [num_seqs], each >= 0 */
+  const int32_t* cross_block_tables;  /* [num_seqs][cross_block_table_stride] */
+  int32_t cross_block_table_stride;
+  /* Capacity for later pagedattn_batch_update calls (0 = exactly this batch's size). */
+  int32_t max_num_seqs;
+  int64_t max_num_tokens;       /* upper bound on sum(query_lens) */
+  int32_t max_blocks_per_seq;   /* upper bound on the table width used */
+  int64_t max_num_encoder_tokens; /* upper bound on sum(encoder_lens) */
+  int64_t max_seq_len;          /* upper bound on context_len + query_len (and encoder_len);
+                                   sizes split-KV workspace; 0 = this batch's maximum */
+} pagedattn_batch_desc;
+
+/* Fills *desc with zeros and sets struct_size. Returns PAGEDATTN_ERROR_NULL_POINTER if NULL. */
+PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init(pagedattn_batch_desc* desc);
+
+/* Validates and plans a batch for `backend` against `cache` (block ids must be < its num_blocks;
+ * block_size is taken from it) and, for cross attention, `cross_cache` (may be NULL otherwise;
+ * may be the same cache as `cache`). `cache` may be NULL only if block_tables is NULL
+ * (encoder-only use). Forwards must then pass caches of the same block size and block count.
+ * On success *out owns the batch (host metadata plus, on GPU, device copies and workspace sized
+ * for the capacities). Free with pagedattn_batch_destroy.
+ * Returns: PAGEDATTN_ERROR_NULL_POINTER (out, backend, desc, a length array, or a table the batch
+ * needs), PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_ARGUMENT (negative length or count,
+ * capacity below this batch, slot_mapping entry < -1), PAGEDATTN_ERROR_OUT_OF_RANGE (a block id
+ * outside its cache, a table row shorter than needed, a caller slot outside the cache),
+ * PAGEDATTN_ERROR_OVERFLOW (sums that overflow), PAGEDATTN_ERROR_INVALID_HANDLE (a cache of
+ * another backend), PAGEDATTN_ERROR_OUT_OF_MEMORY, PAGEDATTN_ERROR_DEVICE. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
+                                                     pagedattn_backend* backend,
+                                                     const pagedattn_kv_cache* cache,
+                                                     const pagedattn_kv_cache* cross_cache,
+                                                     const pagedattn_batch_desc* desc);
+
+/* Replaces the batch's contents in place with a new step of no larger capacity (for CUDA/HIP
+ * graph replay: device buffers keep their addresses). The capacity fields of desc are ignored.
+ * Validated exactly as create; on failure the batch keeps its previous contents. On GPU the new
+ * metadata is copied with a synchronous host-to-device copy. Returns the statuses of create plus
+ * PAGEDATTN_ERROR_CAPACITY (more sequences, tokens, table width, encoder tokens or sequence length
+ * than planned). Needs exclusive access to the batch. */
+PAGEDATTN_API pagedattn_status pagedattn_batch_update(pagedattn_batch* batch,
+                                                     const pagedattn_batch_desc* desc);
+
+/* Destroys a batch. NULL is a no-op. Queued GPU work using it must have finished. */
+PAGEDATTN_API void pagedattn_batch_destroy(pagedattn_batch* batch);
+
+/* Summary of a planned batch. */
+typedef struct pagedattn_batch_info {
+  uint32_t struct_size;       /* in: sizeof(pagedattn_batch_info) */
+  int32_t num_seqs;
+  int64_t num_tokens;         /* sum(query_lens): rows of q/k/v/out */
+  int64_t num_encoder_tokens; /* rows of k/v in a cross forward that writes the cross cache */
+  int32_t num_decode_seqs;    /* sequences with query_len == 1 */
+  int32_t num_prefill_seqs;   /* sequences with query_len > 1 */
+  int32_t max_query_len;
+  int64_t max_seq_len;        /* max(context_len + query_len) */
+  int32_t max_num_seqs;       /* capacities planned for */
+  int64_t max_num_tokens;
+  int32_t max_blocks_per_seq;
+  int32_t block_size;
+} pagedattn_batch_info;
+
+/* Fills *out (up to out->struct_size bytes). Returns PAGEDATTN_ERROR_NULL_POINTER,
+ * PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_HANDLE. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_batch_get_info(pagedattn_batch_info* out,
+                                                       const pagedattn_batch* batch);
+
+/* Exposes the planned slot mapping (num_tokens int64 entries, host memory owned by the batch,
+ * valid until the next update or destroy). Returns PAGEDATTN_ERROR_NULL_POINTER,
+ * PAGEDATTN_ERROR_INVALID_HANDLE. */
+PAGEDATTN_API pagedattn_status pagedattn_batch_get_slot_mapping(const int64_t** out,
+                                                               int64_t* count,
+                                                               const pagedattn_batch* batch);
+
+/* Exposes query_start (num_seqs + 1 int32 entries: the first row of each sequence, then
+ * num_tokens). Host memory owned by the batch, as above. Same statuses. */
+PAGEDATTN_API pagedattn_status pagedattn_batch_get_query_start(const int32_t** out,
+                                                              int32_t* count,
+                                                              const pagedattn_batch* batch);
+
+/* Exposes the cross slot mapping: num_encoder_tokens int64 slots of the cross cache, for the
+ * encoder tokens written by a cross forward (see the file comment). Count 0 without cross
+ * attention. Host memory owned by the batch, as above. Same statuses. */
+PAGEDATTN_API pagedattn_status pagedattn_batch_get_cross_slot_mapping(
+    const int64_t** out, int64_t* count, const pagedattn_batch* batch);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PAGEDATTN_BATCH_H */

@@ -1,0 +1,191 @@
+/* pagedattn/kv_cache.h — the paged KV cache.
+ *
+ * One cache holds the pool of a whole model: num_layers x {K, V} x num_blocks x block_size slots x
+ * num_kv_heads x head_size. Block ids are shared by all layers. Element (layer, block, slot, head,
+ * dim) of K lives at k_layer_base[layer] + block*block_stride + slot*slot_stride +
+ * head*head_stride + dim (element strides), and likewise for V.
+ *
+ * fp8 caches store fp8(x / scale), saturating to the finite range, and load float(fp8) * scale,
+ * with one scale for K and one for V given at each call.
+ *
+ * Thread safety: calls that write a cache (write, copy, swap into it, load) may run concurrently
+ * with each other and with forwards only if they touch disjoint blocks/slots; reads of a block
+ * (forward, read_blocks, swap out of it) may run concurrently with each other. get_desc,
+ * get_layer and bytes_per_block are always thread-safe. On GPU backends "runs" means "is queued":
+ * ordering across streams is the caller's business.
+ */
+#ifndef PAGEDATTN_KV_CACHE_H
+#define PAGEDATTN_KV_CACHE_H
+
+#include "pagedattn/backend.h"
+#include "pagedattn/common.h"
+#include "pagedattn/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pagedattn_kv_cache pagedattn_kv_cache;
+
+typedef enum pagedattn_layout {
+  PAGEDATTN_LAYOUT_NHD = 0, /* [block][slot][head][dim] (FlashAttention's) */
+  PAGEDATTN_LAYOUT_HND = 1  /* [block][head][slot][dim] (per-head streaming) */
+} pagedattn_layout;
+
+/* Cache flags. */
+/* Place the cache in host memory owned by this backend (pinned on GPU backends), as the host
+ * side of swaps. Ignored (already host) on CPU backends. */
+#define PAGEDATTN_KV_CACHE_HOST (1u << 0)
+
+/* Geometry of a cache. Initialise with pagedattn_kv_cache_desc_init. */
+typedef struct pagedattn_kv_cache_desc {
+  uint32_t struct_size; /* sizeof(pagedattn_kv_cache_desc) */
+  int32_t num_layers;   /* >= 1 */
+  int32_t num_blocks;   /* >= 1 */
+  int32_t block_size;   /* tokens per block: a power of two the backend supports */
+  int32_t num_kv_heads; /* >= 1 */
+  int32_t head_size;    /* a head size the backend supports */
+  pagedattn_dtype dtype;   /* float32/float16/bfloat16 (= the model's) or fp8_e4m3/fp8_e5m2 */
+  pagedattn_layout layout; /* NHD or HND */
+  uint32_t flags;          /* PAGEDATTN_KV_CACHE_* */
+} pagedattn_kv_cache_desc;
+
+/* Fills *desc with zeros, layout NHD, dtype bfloat16, and sets struct_size. Returns
+ * PAGEDATTN_ERROR_NULL_POINTER if desc is NULL. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_desc_init(pagedattn_kv_cache_desc* desc);
+
+/* Bytes one block takes across all layers, K and V (num_layers * 2 * block_size * num_kv_heads *
+ * head_size * element size), so an engine can size its pool: num_blocks = free / *out. Also the
+ * size of one block's record in read_blocks/load_blocks buffers. Validates the geometry as create
+ * does but needs no backend. Returns PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE,
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT, PAGEDATTN_ERROR_OVERFLOW. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_bytes_per_block(
+    uint64_t* out, const pagedattn_kv_cache_desc* desc);
+
+/* Creates a cache whose memory the library allocates on the backend's device (or pinned host
+ * memory with PAGEDATTN_KV_CACHE_HOST). The contents start as zeros. Layers are contiguous:
+ * layer l's K blocks, then its V blocks. Free with pagedattn_kv_cache_destroy.
+ * Returns: PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE,
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (non-positive sizes, bad layout or flags),
+ * PAGEDATTN_ERROR_UNSUPPORTED (head size, block size or dtype the backend lacks; the message lists
+ * what it supports), PAGEDATTN_ERROR_OVERFLOW, PAGEDATTN_ERROR_OUT_OF_MEMORY,
+ * PAGEDATTN_ERROR_INVALID_HANDLE, PAGEDATTN_ERROR_DEVICE. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_create(pagedattn_kv_cache** out,
+                                                        pagedattn_backend* backend,
+                                                        const pagedattn_kv_cache_desc* desc);
+
+/* Caller memory for pagedattn_kv_cache_wrap. */
+typedef struct pagedattn_kv_cache_memory {
+  uint32_t struct_size;      /* sizeof(pagedattn_kv_cache_memory) */
+  void* const* k_layers;     /* [num_layers] base pointers of each layer's K blocks */
+  void* const* v_layers;     /* [num_layers] base pointers of each layer's V blocks */
+  /* Element strides (not bytes); 0,0,0 = the compact strides of desc->layout. The innermost (dim)
+   * stride is always 1. */
+  int64_t block_stride;
+  int64_t slot_stride;
+  int64_t head_stride;
+  pagedattn_device device;   /* where the memory lives: the backend's device, or host memory
+                                (CPU / CUDA_HOST / ROCM_HOST) for a host cache of a GPU backend */
+} pagedattn_kv_cache_memory;
+
+/* Creates a cache over caller memory, used in place (e.g. a framework's tensors). The library
+ * copies the pointer arrays but not the memory, which must stay valid and unmoved until the cache
+ * is destroyed; the caller keeps ownership. Returns the statuses of create (except
+ * OUT_OF_MEMORY for the blocks themselves), plus PAGEDATTN_ERROR_WRONG_DEVICE (memory on a
+ * device the backend cannot use), PAGEDATTN_ERROR_INVALID_ARGUMENT for strides that make blocks,
+ * slots or heads overlap or a NULL layer pointer. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
+                                                      pagedattn_backend* backend,
+                                                      const pagedattn_kv_cache_desc* desc,
+                                                      const pagedattn_kv_cache_memory* memory);
+
+/* Destroys a cache (freeing its memory if the library allocated it). NULL is a no-op. Batches
+ * planned against it stay valid. Queued GPU work using it must have finished. Not thread-safe with
+ * other calls on the same cache. */
+PAGEDATTN_API void pagedattn_kv_cache_destroy(pagedattn_kv_cache* cache);
+
+/* Copies the cache's geometry into *out (up to out->struct_size bytes). Returns
+ * PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_HANDLE. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_desc(pagedattn_kv_cache_desc* out,
+                                                          const pagedattn_kv_cache* cache);
+
+/* Returns layer `layer`'s K and V base pointers and the element strides (block, slot, head) of the
+ * cache, so an engine can hand the memory to other code. Any out pointer may be NULL. Returns
+ * PAGEDATTN_ERROR_NULL_POINTER (cache), PAGEDATTN_ERROR_OUT_OF_RANGE (layer),
+ * PAGEDATTN_ERROR_INVALID_HANDLE. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_layer(void** k, void** v,
+                                                           int64_t strides[3],
+                                                           const pagedattn_kv_cache* cache,
+                                                           int32_t layer);
+
+/* Reshape-and-cache: for each token t with slot_mapping[t] >= 0, stores key[t] and value[t]
+ * ([T, num_kv_heads, head_size], dtype of the model: float32/float16/bfloat16, on the cache's
+ * device) at block slot/block_size, offset slot%block_size of `layer`. slot_mapping is a 1-D
+ * int32 or int64 tensor of T entries; -1 means padding (skipped). On fp8 caches values are
+ * divided by k_scale / v_scale (must be finite and > 0) before rounding; otherwise the scales are
+ * ignored.
+ * A host slot mapping (CPU or pinned host memory) is checked before anything is written: a slot
+ * < -1 or >= num_blocks*block_size gives PAGEDATTN_ERROR_OUT_OF_RANGE and writes nothing. A slot
+ * mapping in GPU memory cannot be read without a host sync: GPU backends then check each slot in
+ * the kernel and never write out of range, skipping bad slots.
+ * Runs on `stream` (NULL = default; ignored on CPU). Returns PAGEDATTN_ERROR_NULL_POINTER,
+ * PAGEDATTN_ERROR_BAD_TENSOR, PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_OUT_OF_RANGE (layer or
+ * slot), PAGEDATTN_ERROR_INVALID_ARGUMENT (scales), PAGEDATTN_ERROR_INVALID_HANDLE,
+ * PAGEDATTN_ERROR_DEVICE. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cache, int32_t layer,
+                                                       const pagedattn_tensor* key,
+                                                       const pagedattn_tensor* value,
+                                                       const pagedattn_tensor* slot_mapping,
+                                                       float k_scale, float v_scale,
+                                                       void* stream);
+
+/* Copies whole blocks, K and V of every layer, within one cache: for i < num_pairs, block
+ * pairs[2i] -> block pairs[2i+1] (copy-on-write for beam search and parallel sampling). `pairs`
+ * is host memory. Every id must be in [0, num_blocks); a destination may appear once and may not
+ * also be a source of another pair (src == dst is a no-op). All pairs are checked before anything
+ * is copied. Runs on `stream`. Returns PAGEDATTN_ERROR_NULL_POINTER (cache, or pairs with
+ * num_pairs > 0), PAGEDATTN_ERROR_OUT_OF_RANGE, PAGEDATTN_ERROR_INVALID_ARGUMENT (repeated
+ * destination), PAGEDATTN_ERROR_INVALID_HANDLE, PAGEDATTN_ERROR_DEVICE. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_copy_blocks(pagedattn_kv_cache* cache,
+                                                             const int32_t* pairs,
+                                                             size_t num_pairs, void* stream);
+
+/* Copies whole blocks, K and V of every layer, from cache `src` to cache `dst`: block pairs[2i] of
+ * src -> block pairs[2i+1] of dst. The caches must have identical geometry (layers, block size,
+ * heads, head size, dtype; layouts and block counts may differ) and may live on different devices
+ * (device <-> host for preemption and offload); the backend of `dst` or of `src`, whichever is a
+ * GPU backend, does the copy, asynchronously on `stream` when the host side is pinned. Checks as
+ * copy_blocks (destinations unique). Returns PAGEDATTN_ERROR_NULL_POINTER,
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (geometry differs; repeated destination),
+ * PAGEDATTN_ERROR_OUT_OF_RANGE, PAGEDATTN_ERROR_WRONG_DEVICE (two different GPUs),
+ * PAGEDATTN_ERROR_INVALID_HANDLE, PAGEDATTN_ERROR_DEVICE. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_swap_blocks(pagedattn_kv_cache* dst,
+                                                             const pagedattn_kv_cache* src,
+                                                             const int32_t* pairs,
+                                                             size_t num_pairs, void* stream);
+
+/* Exports blocks to a host buffer, for tests and persistence. For each id in order, for each
+ * layer: the K block then the V block, each block_size*num_kv_heads*head_size elements of the
+ * cache's dtype in the cache's layout order (NHD: slot, head, dim; HND: head, slot, dim), packed.
+ * buffer_bytes must be >= num_ids * bytes_per_block. Synchronous: waits for the copy (queued on
+ * `stream` after earlier work). Returns PAGEDATTN_ERROR_NULL_POINTER,
+ * PAGEDATTN_ERROR_OUT_OF_RANGE (an id), PAGEDATTN_ERROR_INVALID_ARGUMENT (buffer too small),
+ * PAGEDATTN_ERROR_INVALID_HANDLE, PAGEDATTN_ERROR_DEVICE. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_read_blocks(const pagedattn_kv_cache* cache,
+                                                             const int32_t* block_ids,
+                                                             size_t num_ids, void* buffer,
+                                                             size_t buffer_bytes, void* stream);
+
+/* The inverse of read_blocks: loads blocks from a host buffer in read_blocks' format (restoring a
+ * persisted prefix). Ids must be unique. Synchronous. Same statuses as read_blocks, plus
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT for a repeated id. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_load_blocks(pagedattn_kv_cache* cache,
+                                                             const int32_t* block_ids,
+                                                             size_t num_ids, const void* buffer,
+                                                             size_t buffer_bytes, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PAGEDATTN_KV_CACHE_H */
