@@ -1,0 +1,183 @@
+#include "ceilings.h"
+
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "bench_util.h"
+
+namespace bench {
+
+size_t llc_bytes() {
+  size_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream type(dir + "type"), size(dir + "size");
+    if (!type || !size) continue;
+    std::string t, s;
+    type >> t;
+    size >> s;
+    if (t == "Instruction" || s.empty()) continue;
+    size_t v = std::strtoull(s.c_str(), nullptr, 10);
+    char unit = s.back();
+    if (unit == 'K') v <<= 10;
+    else if (unit == 'M') v <<= 20;
+    else if (unit == 'G') v <<= 30;
+    if (v > best) best = v;
+  }
+  return best;
+}
+
+// 8 independent 256-bit accumulators (GCC vector extension: AVX2 or SSE pairs) so the sum never
+// stalls on the add latency; the loop is bound by the loads.
+typedef float v8f __attribute__((vector_size(32)));
+
+static float sum_slice(const float* p, size_t n) {
+  v8f a0 = {}, a1 = {}, a2 = {}, a3 = {}, a4 = {}, a5 = {}, a6 = {}, a7 = {};
+  const v8f* v = (const v8f*)p;
+  size_t nv = n / 8, i = 0;
+  for (; i + 8 <= nv; i += 8) {
+    a0 += v[i];
+    a1 += v[i + 1];
+    a2 += v[i + 2];
+    a3 += v[i + 3];
+    a4 += v[i + 4];
+    a5 += v[i + 5];
+    a6 += v[i + 6];
+    a7 += v[i + 7];
+  }
+  for (; i < nv; ++i) a0 += v[i];
+  v8f s = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
+  float r = 0;
+  for (int k = 0; k < 8; ++k) r += s[k];
+  for (size_t j = nv * 8; j < n; ++j) r += p[j];
+  return r;
+}
+
+BandwidthResult measure_read_bandwidth(size_t bytes, int threads, int passes) {
+  BandwidthResult res;
+  size_t n = bytes / sizeof(float);
+  n -= n % (64 * (size_t)threads);
+  float* buf = (float*)std::aligned_alloc(64, n * sizeof(float));
+  if (!buf) return res;
+  // First touch by the thread that later reads the slice (pages local to it); random non-zero data.
+  parallel(threads, [&](int t) {
+    size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+    Rng r(77 + t);
+    for (size_t i = lo; i < hi; ++i) buf[i] = r.uniform();
+  });
+  std::vector<double> rates;
+  volatile float sink = 0;
+  std::vector<float> part(threads);
+  for (int p = 0; p < passes; ++p) {
+    double t0 = now_s();
+    parallel(threads, [&](int t) {
+      size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+      part[t] = sum_slice(buf + lo, hi - lo);
+    });
+    double dt = now_s() - t0;
+    for (float x : part) sink = sink + x;
+    rates.push_back((double)(n * sizeof(float)) / dt);
+  }
+  std::free(buf);
+  Stats s = stats_of(rates);
+  res.bytes_per_s = s.max;
+  res.median_bytes_per_s = s.median;
+  res.buffer_bytes = n * sizeof(float);
+  res.passes = passes;
+  return res;
+}
+
+GemmResult measure_sgemm(long m, long n, long k, int threads, int runs) {
+  GemmResult res;
+  res.m = m;
+  res.n = n;
+  res.k = k;
+  omp_set_num_threads(threads);
+  std::vector<float> a((size_t)m * k), b((size_t)k * n), c((size_t)m * n);
+  Rng r(5);
+  for (auto& x : a) x = r.uniform();
+  for (auto& x : b) x = r.uniform();
+  std::vector<double> rates;
+  for (int i = 0; i < runs + 2; ++i) {  // 2 warm-ups (JIT kernels, page faults)
+    double t0 = now_s();
+    dnnl_status_t st = dnnl_sgemm('N', 'N', m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+                                  c.data(), n);
+    double dt = now_s() - t0;
+    if (st != dnnl_success) {
+      res.error = "dnnl_sgemm failed with status " + std::to_string((int)st);
+      return res;
+    }
+    if (i >= 2) rates.push_back(2.0 * m * n * k / dt);
+  }
+  Stats s = stats_of(rates);
+  res.flops_per_s = s.max;
+  res.median_flops_per_s = s.median;
+  res.runs = runs;
+  return res;
+}
+
+GemmResult measure_bf16_matmul(long m, long n, long k, int threads, int runs) {
+  GemmResult res;
+  res.m = m;
+  res.n = n;
+  res.k = k;
+  omp_set_num_threads(threads);
+  try {
+    using namespace dnnl;
+    engine eng(engine::kind::cpu, 0);
+    stream strm(eng);
+    memory::desc ad({m, k}, memory::data_type::bf16, memory::format_tag::ab);
+    memory::desc bd({k, n}, memory::data_type::bf16, memory::format_tag::ab);
+    memory::desc cd({m, n}, memory::data_type::f32, memory::format_tag::ab);
+    matmul::primitive_desc pd(matmul::desc(ad, bd, cd), eng);
+    std::string impl = pd.impl_info_str();
+    if (impl.find("ref") != std::string::npos) {
+      res.error = "no optimised bf16 matmul here (" + impl + ")";
+      return res;
+    }
+    matmul mm(pd);
+    memory am(ad, eng), bm(bd, eng), cm(cd, eng);
+    fill_random(am.get_data_handle(), (size_t)m * k, PAGEDATTN_DTYPE_BFLOAT16, 9, 1);
+    fill_random(bm.get_data_handle(), (size_t)k * n, PAGEDATTN_DTYPE_BFLOAT16, 10, 1);
+    std::vector<double> rates;
+    for (int i = 0; i < runs + 2; ++i) {
+      double t0 = now_s();
+      mm.execute(strm, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+      strm.wait();
+      double dt = now_s() - t0;
+      if (i >= 2) rates.push_back(2.0 * m * n * k / dt);
+    }
+    Stats s = stats_of(rates);
+    res.flops_per_s = s.max;
+    res.median_flops_per_s = s.median;
+    res.runs = runs;
+  } catch (const std::exception& e) {
+    res.error = e.what();
+  }
+  return res;
+}
+
+std::string onednn_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+  }
+}
+
+}  // namespace bench

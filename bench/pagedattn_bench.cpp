@@ -1,0 +1,580 @@
+// pagedattn-bench: times one operation of a pagedattn backend and judges it against the machine's
+// ceilings measured in the same run (read bandwidth, oneDNN sgemm) and against a naive baseline
+// (gather the blocks, then plain attention). See bench/RESULTS.md for recorded runs.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "baseline.h"
+#include "bench_util.h"
+#include "ceilings.h"
+#include "pagedattn/pagedattn.h"
+
+using namespace bench;
+
+namespace {
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    pagedattn_status st_ = (call);                                                       \
+    if (st_ != PAGEDATTN_OK) {                                                           \
+      std::fprintf(stderr, "pagedattn-bench: %s failed: %s: %s\n", #call,                 \
+                   pagedattn_status_string(st_), pagedattn_last_error());                \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+struct Options {
+  std::string mode = "decode";
+  std::string backend = "cpu";
+  int heads = 32, kv_heads = 8, head_size = 128, block_size = 16;
+  int batch = -1, context = -1, query = -1;
+  std::string dtype = "bf16", cache_dtype = "auto", layout = "nhd";
+  int threads = 0, iters = 20, warmup = 3, layers = 0;
+  int baseline_iters = -1;  // -1: chosen from the estimated cost
+  bool json = false, no_ceilings = false, check = true;
+  long gemm_size = 2048;
+  uint64_t seed = 1;
+};
+
+void usage() {
+  std::fprintf(stderr,
+      "usage: pagedattn-bench [options]\n"
+      "  --mode decode|prefill|mixed|cache-write|copy-blocks   (default decode)\n"
+      "  --backend NAME        cpu, onednn, cuda, hip, auto (default cpu)\n"
+      "  --heads N --kv-heads N --head-size N --block-size N   (32 8 128 16)\n"
+      "  --batch N             sequences (decode/mixed 16, prefill 4, cache-write 16)\n"
+      "  --context N           tokens per sequence incl. the new one (decode/mixed 4096)\n"
+      "  --query N             new tokens: prefill length (2048), mixed chunk (512),\n"
+      "                        cache-write tokens per sequence (256)\n"
+      "  --dtype f32|f16|bf16  q/k/v/out (bf16)\n"
+      "  --cache-dtype auto|f32|f16|bf16|fp8|fp8_e4m3|fp8_e5m2   (auto = dtype)\n"
+      "  --layout nhd|hnd      cache layout (nhd)\n"
+      "  --threads N           backend, baseline and ceiling threads (0 = all cores)\n"
+      "  --iters N --warmup N  timed and untimed repetitions (20, 3)\n"
+      "  --layers N            cache layers rotated through (0 = enough to exceed 2x LLC)\n"
+      "  --baseline-iters N    naive baseline repetitions (-1 = by cost, 0 = skip)\n"
+      "  --gemm-size N         sgemm ceiling problem N x N x N (2048)\n"
+      "  --no-ceilings         skip bandwidth/GEMM measurement (ratios omitted)\n"
+      "  --no-check            skip comparing the library's output with the baseline's\n"
+      "  --seed N              random seed (1)\n"
+      "  --json                one JSON record per case on stdout (text goes to stderr)\n");
+}
+
+bool parse_dtype(const std::string& s, pagedattn_dtype* out) {
+  if (s == "f32" || s == "float32") *out = PAGEDATTN_DTYPE_FLOAT32;
+  else if (s == "f16" || s == "float16") *out = PAGEDATTN_DTYPE_FLOAT16;
+  else if (s == "bf16" || s == "bfloat16") *out = PAGEDATTN_DTYPE_BFLOAT16;
+  else if (s == "fp8" || s == "fp8_e4m3") *out = PAGEDATTN_DTYPE_FP8_E4M3;
+  else if (s == "fp8_e5m2") *out = PAGEDATTN_DTYPE_FP8_E5M2;
+  else return false;
+  return true;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "pagedattn-bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto ival = [&]() { return std::atoi(val().c_str()); };
+    if (a == "--mode") o.mode = val();
+    else if (a == "--backend") o.backend = val();
+    else if (a == "--heads") o.heads = ival();
+    else if (a == "--kv-heads") o.kv_heads = ival();
+    else if (a == "--head-size") o.head_size = ival();
+    else if (a == "--block-size") o.block_size = ival();
+    else if (a == "--batch") o.batch = ival();
+    else if (a == "--context") o.context = ival();
+    else if (a == "--query") o.query = ival();
+    else if (a == "--dtype") o.dtype = val();
+    else if (a == "--cache-dtype") o.cache_dtype = val();
+    else if (a == "--layout") o.layout = val();
+    else if (a == "--threads") o.threads = ival();
+    else if (a == "--iters") o.iters = ival();
+    else if (a == "--warmup") o.warmup = ival();
+    else if (a == "--layers") o.layers = ival();
+    else if (a == "--baseline-iters") o.baseline_iters = ival();
+    else if (a == "--gemm-size") o.gemm_size = ival();
+    else if (a == "--no-ceilings") o.no_ceilings = true;
+    else if (a == "--no-check") o.check = false;
+    else if (a == "--seed") o.seed = (uint64_t)std::atoll(val().c_str());
+    else if (a == "--json") o.json = true;
+    else if (a == "-h" || a == "--help") {
+      usage();
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "pagedattn-bench: unknown option %s\n", a.c_str());
+      usage();
+      std::exit(2);
+    }
+  }
+  const bool known = o.mode == "decode" || o.mode == "prefill" || o.mode == "mixed" ||
+                     o.mode == "cache-write" || o.mode == "copy-blocks";
+  if (!known) {
+    std::fprintf(stderr, "pagedattn-bench: unknown mode %s\n", o.mode.c_str());
+    std::exit(2);
+  }
+  if (o.batch < 0) o.batch = o.mode == "prefill" ? 4 : 16;
+  if (o.context < 0) o.context = (o.mode == "prefill" || o.mode == "cache-write") ? 0 : 4096;
+  if (o.query < 0) o.query = o.mode == "prefill" ? 2048 : o.mode == "mixed" ? 512 : 256;
+  if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (o.iters < 1) o.iters = 1;
+  if (o.warmup < 0) o.warmup = 0;
+  if (o.batch < 1 || o.heads < 1 || o.kv_heads < 1 || o.head_size < 1 || o.block_size < 1 ||
+      o.query < 1 || (o.mode != "prefill" && o.mode != "cache-write" && o.context < 1)) {
+    std::fprintf(stderr, "pagedattn-bench: sizes must be positive\n");
+    std::exit(2);
+  }
+  return o;
+}
+
+// A [d0, d1, d2] (or [d0]) compact tensor over owned memory.
+struct Tensor {
+  std::vector<char> mem;
+  int64_t shape[3] = {0, 0, 0};
+  pagedattn_tensor t{};
+  Tensor(int ndim, int64_t d0, int64_t d1, int64_t d2, pagedattn_dtype dt, uint8_t int_bits = 0) {
+    shape[0] = d0;
+    shape[1] = d1;
+    shape[2] = d2;
+    int64_t n = d0 * (ndim > 1 ? d1 : 1) * (ndim > 2 ? d2 : 1);
+    size_t esz = int_bits ? int_bits / 8 : pagedattn_dtype_size(dt);
+    mem.resize((size_t)n * esz + 64);
+    t.data = mem.data();
+    t.device = {PAGEDATTN_DEVICE_CPU, 0};
+    t.ndim = ndim;
+    if (int_bits) t.dtype = {PAGEDATTN_DLPACK_INT, int_bits, 1};
+    else pagedattn_dtype_to_dlpack(&t.dtype, dt);
+    t.shape = shape;
+    t.strides = nullptr;
+    t.byte_offset = 0;
+  }
+  void* data() { return mem.data(); }
+};
+
+struct Case {
+  std::vector<int32_t> qlens, ctxs;  // per sequence
+  int64_t tokens = 0;
+  int table_stride = 0;
+  std::vector<int32_t> tables;
+  int32_t num_blocks = 0;
+};
+
+std::string fmt_bytes(double b) {
+  char buf[64];
+  if (b >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", b / 1e9);
+  else std::snprintf(buf, sizeof buf, "%.1f MB", b / 1e6);
+  return buf;
+}
+
+// Progress on stderr for long runs: at most one line a second, overwritten in place.
+struct Progress {
+  const char* what;
+  double start = now_s(), last = 0;
+  bool printed = false;
+  explicit Progress(const char* w) : what(w) {}
+  void tick(int i, int n) {
+    double t = now_s();
+    if (t - start < 2.0 || t - last < 1.0) return;
+    last = t;
+    printed = true;
+    std::fprintf(stderr, "\r  %s: %d/%d (%.0f s)   ", what, i, n, t - start);
+    std::fflush(stderr);
+  }
+  ~Progress() {
+    if (printed) std::fprintf(stderr, "\r%60s\r", "");
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  FILE* txt = o.json ? stderr : stdout;
+
+  pagedattn_dtype dt, cdt;
+  if (!parse_dtype(o.dtype, &dt) || dt == PAGEDATTN_DTYPE_FP8_E4M3 ||
+      dt == PAGEDATTN_DTYPE_FP8_E5M2) {
+    std::fprintf(stderr, "pagedattn-bench: bad --dtype %s\n", o.dtype.c_str());
+    return 2;
+  }
+  if (o.cache_dtype == "auto") cdt = dt;
+  else if (!parse_dtype(o.cache_dtype, &cdt)) {
+    std::fprintf(stderr, "pagedattn-bench: bad --cache-dtype %s\n", o.cache_dtype.c_str());
+    return 2;
+  }
+  pagedattn_layout layout;
+  if (o.layout == "nhd") layout = PAGEDATTN_LAYOUT_NHD;
+  else if (o.layout == "hnd") layout = PAGEDATTN_LAYOUT_HND;
+  else {
+    std::fprintf(stderr, "pagedattn-bench: bad --layout %s\n", o.layout.c_str());
+    return 2;
+  }
+  const int H = o.heads, Hkv = o.kv_heads, D = o.head_size, bs = o.block_size;
+  const size_t dsz = pagedattn_dtype_size(dt), csz = pagedattn_dtype_size(cdt);
+  const bool attn = o.mode == "decode" || o.mode == "prefill" || o.mode == "mixed";
+
+  // ---- The case: sequences, block tables over shuffled, non-contiguous block ids. ----
+  Case c;
+  const int B = o.batch;
+  for (int s = 0; s < B; ++s) {
+    int ql = 1, ctx = o.context - 1;  // decode: the new token completes `context` tokens
+    if (o.mode == "prefill") {
+      ql = o.query;
+      ctx = o.context;
+    } else if (o.mode == "mixed" && s == 0) {
+      ql = o.query;
+      ctx = o.context;
+    } else if (o.mode == "cache-write") {
+      ql = o.query;
+      ctx = o.context;
+    } else if (o.mode == "copy-blocks") {
+      ql = 0;
+      ctx = o.context;
+    }
+    c.qlens.push_back(ql);
+    c.ctxs.push_back(ctx);
+    c.tokens += ql;
+    c.table_stride = std::max(c.table_stride, (ctx + ql + bs - 1) / bs);
+  }
+  c.num_blocks = c.table_stride * B;
+  {
+    std::vector<int32_t> ids(c.num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    Rng r(o.seed);
+    for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[r.next() % i]);
+    c.tables = ids;  // row s = ids[s*stride ..): each sequence owns its blocks
+  }
+  const double layer_bytes = (double)c.num_blocks * bs * Hkv * D * csz * 2;
+  const size_t llc = llc_bytes();
+  int L = o.layers;
+  if (L <= 0) {
+    L = 2;
+    if (o.mode != "prefill" && llc > 0)
+      L = std::max(2, (int)std::ceil(2.0 * (double)llc / layer_bytes));
+    const double cap = 8e9;  // keep the pool within memory on small machines
+    while (L > 1 && L * layer_bytes > cap) --L;
+  }
+
+  // ---- Ceilings, measured first with the same thread count. ----
+  BandwidthResult bw;
+  GemmResult gemm, bgemm;
+  if (!o.no_ceilings) {
+    size_t bw_bytes = std::max<size_t>(4 * llc, (size_t)1 << 30);
+    bw_bytes = std::min<size_t>(bw_bytes, (size_t)8 << 30);
+    bw = measure_read_bandwidth(bw_bytes, o.threads, 7);
+    gemm = measure_sgemm(o.gemm_size, o.gemm_size, o.gemm_size, o.threads, 5);
+    bgemm = measure_bf16_matmul(o.gemm_size, o.gemm_size, o.gemm_size, o.threads, 5);
+  }
+
+  // ---- Library objects. ----
+  pagedattn_backend_options bopts;
+  CHECK(pagedattn_backend_options_init(&bopts));
+  bopts.num_threads = o.threads;
+  pagedattn_backend* be = nullptr;
+  CHECK(pagedattn_backend_create(&be, o.backend.c_str(), &bopts));
+  pagedattn_capabilities caps;
+  std::memset(&caps, 0, sizeof caps);
+  caps.struct_size = sizeof caps;
+  CHECK(pagedattn_backend_get_capabilities(&caps, be));
+
+  pagedattn_kv_cache_desc cd;
+  CHECK(pagedattn_kv_cache_desc_init(&cd));
+  cd.num_layers = L;
+  cd.num_blocks = c.num_blocks;
+  cd.block_size = bs;
+  cd.num_kv_heads = Hkv;
+  cd.head_size = D;
+  cd.dtype = cdt;
+  cd.layout = layout;
+  pagedattn_kv_cache* cache = nullptr;
+  CHECK(pagedattn_kv_cache_create(&cache, be, &cd));
+  std::vector<void*> kl(L), vl(L);
+  int64_t strides[3];
+  for (int l = 0; l < L; ++l) {
+    CHECK(pagedattn_kv_cache_get_layer(&kl[l], &vl[l], strides, cache, l));
+    size_t n = (size_t)c.num_blocks * strides[0];
+    fill_random(kl[l], n, cdt, o.seed * 100 + 2 * l, o.threads);
+    fill_random(vl[l], n, cdt, o.seed * 100 + 2 * l + 1, o.threads);
+  }
+
+  std::fprintf(txt, "pagedattn-bench %s | backend %s (%d threads) | H %d Hkv %d D %d | block %d %s"
+               " | dtype %s cache %s\n",
+               o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs,
+               o.layout.c_str(), pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt));
+  std::fprintf(txt, "  pool: %d blocks x %d layers = %s (LLC %s; one layer per call, rotated)\n",
+               c.num_blocks, L, fmt_bytes(L * layer_bytes).c_str(), fmt_bytes((double)llc).c_str());
+  if (!o.no_ceilings) {
+    std::fprintf(txt, "  ceiling: read bandwidth %.2f GB/s best of %d (median %.2f), %s buffer\n",
+                 bw.bytes_per_s / 1e9, bw.passes, bw.median_bytes_per_s / 1e9,
+                 fmt_bytes((double)bw.buffer_bytes).c_str());
+    if (gemm.error.empty())
+      std::fprintf(txt, "  ceiling: dnnl_sgemm %ldx%ldx%ld %.1f GFLOP/s best of %d (median %.1f)"
+                   " [oneDNN isa %s]\n", gemm.m, gemm.n, gemm.k, gemm.flops_per_s / 1e9,
+                   gemm.runs, gemm.median_flops_per_s / 1e9, onednn_isa().c_str());
+    else std::fprintf(txt, "  ceiling: sgemm failed: %s\n", gemm.error.c_str());
+    if (bgemm.error.empty())
+      std::fprintf(txt, "  (for reference) oneDNN bf16 matmul, f32 out: %.1f GFLOP/s best\n",
+                   bgemm.flops_per_s / 1e9);
+    else std::fprintf(txt, "  (for reference) bf16 matmul: %s\n", bgemm.error.c_str());
+  }
+
+  std::vector<double> times;
+  double bytes = 0, flops = 0;
+  std::string flop_formula;
+  std::vector<double> base_times;
+  double max_rel_err = -1;
+  int64_t tokens_done = c.tokens;
+
+  if (attn) {
+    pagedattn_batch_desc bdsc;
+    CHECK(pagedattn_batch_desc_init(&bdsc));
+    bdsc.num_seqs = B;
+    bdsc.query_lens = c.qlens.data();
+    bdsc.context_lens = c.ctxs.data();
+    bdsc.block_tables = c.tables.data();
+    bdsc.block_table_stride = c.table_stride;
+    pagedattn_batch* batch = nullptr;
+    CHECK(pagedattn_batch_create(&batch, be, cache, nullptr, &bdsc));
+    const int64_t T = c.tokens;
+    Tensor q(3, T, H, D, dt), k(3, T, Hkv, D, dt), v(3, T, Hkv, D, dt), out(3, T, H, D, dt);
+    fill_random(q.data(), (size_t)T * H * D, dt, o.seed + 11, o.threads);
+    fill_random(k.data(), (size_t)T * Hkv * D, dt, o.seed + 12, o.threads);
+    fill_random(v.data(), (size_t)T * Hkv * D, dt, o.seed + 13, o.threads);
+    pagedattn_attention_options ao;
+    CHECK(pagedattn_attention_options_init(&ao));
+    ao.num_heads = H;
+    ao.num_kv_heads = Hkv;
+    ao.head_size = D;
+    ao.write_kv = 1;
+
+    // Counting: every key of every sequence read once per KV head (the floor), plus q, the new
+    // k/v and out; FLOPs are 2*D per (query, key) pair for QK^T and again for PV, causal pairs only.
+    double kv_bytes = 0, pairs = 0;
+    for (int s = 0; s < B; ++s) {
+      double ql = c.qlens[s], ctx = c.ctxs[s];
+      kv_bytes += (ctx + ql) * Hkv * D * csz * 2;
+      pairs += ql * ctx + ql * (ql + 1) / 2;
+    }
+    bytes = kv_bytes + (double)T * (2 * H + 2 * Hkv) * D * dsz + (double)T * Hkv * D * csz * 2;
+    flops = 4.0 * D * H * pairs;
+    flop_formula = "4*D*H*sum_s(q_s*c_s + q_s*(q_s+1)/2)";
+
+    const int n = o.warmup + o.iters;
+    {
+      Progress pr("library");
+      for (int i = 0; i < n; ++i) {
+        double t0 = now_s();
+        CHECK(pagedattn_forward(be, batch, cache, i % L, &ao, &q.t, &k.t, &v.t, &out.t, nullptr,
+                                nullptr));
+        double dt_s = now_s() - t0;
+        if (i >= o.warmup) times.push_back(dt_s);
+        pr.tick(i + 1, n);
+      }
+    }
+
+    // Naive baseline over the same cache contents.
+    BaselineProblem bp;
+    bp.num_heads = H;
+    bp.num_kv_heads = Hkv;
+    bp.head_size = D;
+    bp.block_size = bs;
+    bp.scale = 1.0f / std::sqrt((float)D);
+    bp.dtype = dt;
+    bp.cache_dtype = cdt;
+    std::memcpy(bp.strides, strides, sizeof strides);
+    bp.query_lens = c.qlens;
+    bp.context_lens = c.ctxs;
+    bp.query_start.assign(B + 1, 0);
+    for (int s = 0; s < B; ++s) bp.query_start[s + 1] = bp.query_start[s] + c.qlens[s];
+    bp.tables = c.tables;
+    bp.table_stride = c.table_stride;
+    int biters = o.baseline_iters;
+    if (biters < 0) {
+      // Scalar-ish code at ~1 GFLOP/s per thread: keep the baseline under ~30 s.
+      double est = flops / (1e9 * o.threads);
+      biters = est > 10 ? 1 : std::min(o.iters, 5);
+    }
+    if (biters > 0 || o.check) {
+      Baseline base(bp, o.threads);
+      Tensor bout(3, T, H, D, dt);
+      int last = (n - 1) % L;  // the layer the library touched last (its new k/v are written)
+      int bn = std::max(biters, 1);
+      bool warm = biters > 1;
+      Progress pr("baseline");
+      for (int i = 0; i < bn + (warm ? 1 : 0); ++i) {
+        int l = (last + 1 + i) % L;
+        if (i == bn + (warm ? 1 : 0) - 1) l = last;  // final run on the checked layer
+        double t0 = now_s();
+        base.run(kl[l], vl[l], q.data(), bout.data());
+        double dt_s = now_s() - t0;
+        if (!(warm && i == 0) && biters > 0) base_times.push_back(dt_s);
+        pr.tick(i + 1, bn);
+      }
+      if (o.check) {
+        // Agreement check (not a correctness test: the suites do that against float64).
+        double mx = 0, mref = 0;
+        for (size_t i = 0; i < (size_t)T * H * D; ++i) {
+          double a = load_elem(out.data(), i, dt), b = load_elem(bout.data(), i, dt);
+          if (std::isnan(a) || std::isnan(b)) {
+            mx = INFINITY;
+            break;
+          }
+          mx = std::max(mx, std::fabs(a - b));
+          mref = std::max(mref, std::fabs(b));
+        }
+        max_rel_err = mref > 0 ? mx / mref : mx;
+      }
+    }
+    pagedattn_batch_destroy(batch);
+  } else if (o.mode == "cache-write") {
+    const int64_t T = c.tokens;
+    Tensor k(3, T, Hkv, D, dt), v(3, T, Hkv, D, dt), slots(1, T, 0, 0, dt, 64);
+    fill_random(k.data(), (size_t)T * Hkv * D, dt, o.seed + 21, o.threads);
+    fill_random(v.data(), (size_t)T * Hkv * D, dt, o.seed + 22, o.threads);
+    // Distinct slots scattered over the pool, as a batch of sequences writes them.
+    int64_t* sl = (int64_t*)slots.data();
+    int64_t row = 0;
+    for (int s = 0; s < B; ++s)
+      for (int j = 0; j < c.qlens[s]; ++j) {
+        int p = c.ctxs[s] + j;
+        sl[row++] = (int64_t)c.tables[(size_t)s * c.table_stride + p / bs] * bs + p % bs;
+      }
+    bytes = (double)T * Hkv * D * (2.0 * dsz + 2.0 * csz);
+    const int n = o.warmup + o.iters;
+    Progress pr("library");
+    for (int i = 0; i < n; ++i) {
+      double t0 = now_s();
+      CHECK(pagedattn_kv_cache_write(cache, i % L, &k.t, &v.t, &slots.t, 1.0f, 1.0f, nullptr));
+      double dt_s = now_s() - t0;
+      if (i >= o.warmup) times.push_back(dt_s);
+      pr.tick(i + 1, n);
+    }
+    // Baseline: a per-element converting scatter loop.
+    int biters = o.baseline_iters < 0 ? std::min(o.iters, 5) : o.baseline_iters;
+    const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
+    for (int i = 0; i < biters && !fp8; ++i) {
+      int l = i % L;
+      double t0 = now_s();
+      parallel(o.threads, [&](int t) {
+        for (int64_t r = t; r < T; r += o.threads) {
+          int64_t blk = sl[r] / bs, slot = sl[r] % bs;
+          for (int h = 0; h < Hkv; ++h) {
+            int64_t off = blk * strides[0] + slot * strides[1] + h * strides[2];
+            size_t src = ((size_t)r * Hkv + h) * D;
+            for (int d = 0; d < D; ++d) {
+              store_elem((char*)kl[l] + off * csz, d, cdt, load_elem(k.data(), src + d, dt));
+              store_elem((char*)vl[l] + off * csz, d, cdt, load_elem(v.data(), src + d, dt));
+            }
+          }
+        }
+      });
+      base_times.push_back(now_s() - t0);
+    }
+  } else {  // copy-blocks: the first half of the pool onto the second half, all layers
+    const int np = c.num_blocks / 2;
+    std::vector<int32_t> pairs(2 * (size_t)np);
+    for (int i = 0; i < np; ++i) {
+      pairs[2 * i] = c.tables[i];
+      pairs[2 * i + 1] = c.tables[np + i];
+    }
+    uint64_t bpb = 0;
+    CHECK(pagedattn_kv_cache_bytes_per_block(&bpb, &cd));
+    bytes = 2.0 * np * (double)bpb;  // read + write
+    tokens_done = (int64_t)np * bs;
+    const int n = o.warmup + o.iters;
+    Progress pr("library");
+    for (int i = 0; i < n; ++i) {
+      double t0 = now_s();
+      CHECK(pagedattn_kv_cache_copy_blocks(cache, pairs.data(), (size_t)np, nullptr));
+      double dt_s = now_s() - t0;
+      if (i >= o.warmup) times.push_back(dt_s);
+      pr.tick(i + 1, n);
+    }
+    int biters = o.baseline_iters < 0 ? std::min(o.iters, 5) : o.baseline_iters;
+    const size_t blk_bytes = (size_t)strides[0] * csz;  // compact: one block of one layer
+    for (int i = 0; i < biters; ++i) {
+      double t0 = now_s();
+      parallel(o.threads, [&](int t) {
+        for (int p = t; p < np; p += o.threads)
+          for (int l = 0; l < L; ++l) {
+            std::memcpy((char*)kl[l] + pairs[2 * p + 1] * blk_bytes,
+                        (char*)kl[l] + pairs[2 * p] * blk_bytes, blk_bytes);
+            std::memcpy((char*)vl[l] + pairs[2 * p + 1] * blk_bytes,
+                        (char*)vl[l] + pairs[2 * p] * blk_bytes, blk_bytes);
+          }
+      });
+      base_times.push_back(now_s() - t0);
+    }
+  }
+
+  // ---- Report. ----
+  Stats st = stats_of(times), bst = stats_of(base_times);
+  const double med = st.median;
+  const double bps = bytes / med, fps = flops / med;
+  const double bw_ratio = bw.bytes_per_s > 0 ? bps / bw.bytes_per_s : 0;
+  const double gemm_ratio = gemm.flops_per_s > 0 ? fps / gemm.flops_per_s : 0;
+  const double speedup = bst.n > 0 ? bst.median / med : 0;
+  const double tps = (double)tokens_done / med;
+  // The floors: bytes over the measured bandwidth, FLOPs over the measured sgemm rate.
+  const double t_bytes = bw.bytes_per_s > 0 ? bytes / bw.bytes_per_s : 0;
+  const double t_flops = gemm.flops_per_s > 0 && flops > 0 ? flops / gemm.flops_per_s : 0;
+
+  std::fprintf(txt, "  time: median %.3f ms  [min %.3f, p25 %.3f, p75 %.3f, max %.3f] over %d"
+               " iters (%d warm-up)\n", med * 1e3, st.min * 1e3, st.p25 * 1e3, st.p75 * 1e3,
+               st.max * 1e3, st.n, o.warmup);
+  std::fprintf(txt, "  floors: bytes/bandwidth %.3f ms, flops/sgemm %.3f ms -> %s-bound;"
+               " median is %.2fx the larger floor\n", t_bytes * 1e3, t_flops * 1e3,
+               t_bytes >= t_flops ? "memory" : "compute",
+               std::max(t_bytes, t_flops) > 0 ? med / std::max(t_bytes, t_flops) : 0.0);
+  std::fprintf(txt, "  bytes: %s per call -> %.2f GB/s = %.1f%% of read bandwidth\n",
+               fmt_bytes(bytes).c_str(), bps / 1e9, 100 * bw_ratio);
+  if (flops > 0)
+    std::fprintf(txt, "  flops: %.3g per call (%s) -> %.1f GFLOP/s = %.1f%% of sgemm\n", flops,
+                 flop_formula.c_str(), fps / 1e9, 100 * gemm_ratio);
+  std::fprintf(txt, "  tokens/s: %.0f (%lld tokens per call)\n", tps, (long long)tokens_done);
+  if (bst.n > 0)
+    std::fprintf(txt, "  naive baseline: median %.3f ms [min %.3f, max %.3f] over %d -> speed-up"
+                 " %.2fx\n", bst.median * 1e3, bst.min * 1e3, bst.max * 1e3, bst.n, speedup);
+  else std::fprintf(txt, "  naive baseline: not run\n");
+  if (max_rel_err >= 0)
+    std::fprintf(txt, "  agreement with baseline: max|lib-base|/max|base| = %.2e\n", max_rel_err);
+
+  if (o.json) {
+    std::printf(
+        "{\"mode\":\"%s\",\"backend\":\"%s\",\"threads\":%d,\"heads\":%d,\"kv_heads\":%d,"
+        "\"head_size\":%d,\"block_size\":%d,\"batch\":%d,\"context\":%d,\"query\":%d,"
+        "\"dtype\":\"%s\",\"cache_dtype\":\"%s\",\"layout\":\"%s\",\"layers\":%d,"
+        "\"iters\":%d,\"warmup\":%d,\"median_s\":%.9g,\"min_s\":%.9g,\"p25_s\":%.9g,"
+        "\"p75_s\":%.9g,\"max_s\":%.9g,\"bytes\":%.6g,\"bytes_per_s\":%.6g,\"flops\":%.6g,"
+        "\"flop_formula\":\"%s\",\"flops_per_s\":%.6g,\"read_bw\":%.6g,\"sgemm_flops\":%.6g,"
+        "\"bf16_gemm_flops\":%.6g,\"bw_ratio\":%.4f,\"gemm_ratio\":%.4f,"
+        "\"floor_bytes_s\":%.6g,\"floor_flops_s\":%.6g,\"tokens_per_s\":%.6g,"
+        "\"baseline_median_s\":%.9g,\"baseline_iters\":%d,\"speedup\":%.4f,"
+        "\"max_rel_diff_vs_baseline\":%.3g,\"llc_bytes\":%zu}\n",
+        o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs, B,
+        o.context, o.query, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt), o.layout.c_str(),
+        L, o.iters, o.warmup, med, st.min, st.p25, st.p75, st.max, bytes, bps, flops,
+        flop_formula.c_str(), fps, bw.bytes_per_s, gemm.flops_per_s, bgemm.flops_per_s,
+        bw_ratio, gemm_ratio, t_bytes, t_flops, tps, bst.median, bst.n, speedup, max_rel_err,
+        llc);
+  }
+
+  pagedattn_kv_cache_destroy(cache);
+  pagedattn_backend_destroy(be);
+  return 0;
+}
