@@ -1,0 +1,130 @@
+//! Per-call attention options.
+
+use std::ptr;
+
+use crate::sys;
+use crate::tensor::{Stream, Tensor};
+
+/// Which attention a forward computes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AttentionType {
+    /// Causal self-attention over the paged cache.
+    #[default]
+    Decoder,
+    /// Bidirectional self-attention among each sequence's own tokens (context_len 0); with
+    /// `write_kv` the k/v are also stored in the cache.
+    Encoder,
+    /// As `Encoder`, without a cache (`write_kv` must be false).
+    EncoderOnly,
+    /// Decoder queries over the encoder's K/V in the cross cache.
+    Cross,
+}
+
+impl AttentionType {
+    /// The C `pagedattn_attention_type` value.
+    pub fn raw(self) -> sys::pagedattn_attention_type {
+        match self {
+            AttentionType::Decoder => sys::PAGEDATTN_ATTENTION_DECODER,
+            AttentionType::Encoder => sys::PAGEDATTN_ATTENTION_ENCODER,
+            AttentionType::EncoderOnly => sys::PAGEDATTN_ATTENTION_ENCODER_ONLY,
+            AttentionType::Cross => sys::PAGEDATTN_ATTENTION_CROSS,
+        }
+    }
+}
+
+/// Options of one forward (`pagedattn_attention_options`, plus the stream). `Default` matches
+/// `pagedattn_attention_options_init`: scale 1/sqrt(D), no soft cap, no window, decoder,
+/// write_kv, k/v scales 1, no ALiBi, default stream.
+#[derive(Clone, Debug)]
+pub struct AttentionOptions<'a> {
+    /// H: query heads.
+    pub num_heads: i32,
+    /// Hkv: KV heads (H % Hkv == 0).
+    pub num_kv_heads: i32,
+    /// D: head size (must equal the cache's).
+    pub head_size: i32,
+    /// Score scale; 0 = 1/sqrt(head_size).
+    pub scale: f32,
+    /// > 0 enables s = cap * tanh(s / cap); 0 = off.
+    pub soft_cap: f32,
+    /// W > 0: only keys with p - key_pos < W; 0 = off (decoder only).
+    pub sliding_window: i32,
+    /// Which attention.
+    pub attention_type: AttentionType,
+    /// Write the step's k/v into the cache first.
+    pub write_kv: bool,
+    /// fp8 caches: K dequantisation scale (> 0, finite).
+    pub k_scale: f32,
+    /// fp8 caches: V dequantisation scale.
+    pub v_scale: f32,
+    /// Optional ALiBi slopes: float32 `[num_heads]` on the backend's device (decoder only).
+    pub alibi_slopes: Option<&'a Tensor<'a>>,
+    /// Reserved, must be 0.
+    pub flags: u32,
+    /// Stream the work is queued on (ignored on CPU).
+    pub stream: Stream,
+}
+
+impl Default for AttentionOptions<'_> {
+    fn default() -> Self {
+        AttentionOptions {
+            num_heads: 0,
+            num_kv_heads: 0,
+            head_size: 0,
+            scale: 0.0,
+            soft_cap: 0.0,
+            sliding_window: 0,
+            attention_type: AttentionType::Decoder,
+            write_kv: true,
+            k_scale: 1.0,
+            v_scale: 1.0,
+            alibi_slopes: None,
+            flags: 0,
+            stream: Stream::DEFAULT,
+        }
+    }
+}
+
+impl<'a> AttentionOptions<'a> {
+    /// Defaults with the given shape.
+    pub fn new(num_heads: i32, num_kv_heads: i32, head_size: i32) -> Self {
+        AttentionOptions { num_heads, num_kv_heads, head_size, ..Default::default() }
+    }
+
+    /// The C struct (the ALiBi descriptor must be kept alive by the caller: see forward).
+    pub(crate) fn to_raw(&self) -> RawOptions {
+        let alibi = self.alibi_slopes.map(Tensor::as_raw);
+        let mut raw = sys::pagedattn_attention_options::default();
+        // SAFETY: valid pointer; fills defaults and struct_size.
+        unsafe { sys::pagedattn_attention_options_init(&mut raw) };
+        raw.num_heads = self.num_heads;
+        raw.num_kv_heads = self.num_kv_heads;
+        raw.head_size = self.head_size;
+        raw.scale = self.scale;
+        raw.soft_cap = self.soft_cap;
+        raw.sliding_window = self.sliding_window;
+        raw.attention_type = self.attention_type.raw();
+        raw.write_kv = self.write_kv as i32;
+        raw.k_scale = self.k_scale;
+        raw.v_scale = self.v_scale;
+        raw.flags = self.flags;
+        let mut boxed = Box::new(RawOptionsInner { opts: raw, alibi });
+        boxed.opts.alibi_slopes = boxed.alibi.as_ref().map_or(ptr::null(), |t| t as *const _);
+        RawOptions(boxed)
+    }
+}
+
+pub(crate) struct RawOptionsInner {
+    opts: sys::pagedattn_attention_options,
+    alibi: Option<sys::pagedattn_tensor>,
+}
+
+/// C options plus the ALiBi descriptor they point to, pinned in a box.
+pub(crate) struct RawOptions(Box<RawOptionsInner>);
+
+impl std::ops::Deref for RawOptions {
+    type Target = sys::pagedattn_attention_options;
+    fn deref(&self) -> &sys::pagedattn_attention_options {
+        &self.0.opts
+    }
+}

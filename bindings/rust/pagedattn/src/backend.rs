@@ -1,0 +1,322 @@
+//! Backends: listing, creating, capabilities, and the per-layer calls.
+
+use std::ffi::CString;
+use std::ptr::{self, NonNull};
+
+use crate::attention::AttentionOptions;
+use crate::batch::Batch;
+use crate::cache::KvCache;
+use crate::tensor::{Device, Stream, Tensor, TensorMut};
+use crate::{check, static_str, sys, DType, Error, Result, Status};
+
+/// One entry of the backend list ([`backends`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// "cpu", "onednn", "cuda", "hip".
+    pub name: String,
+    /// Whether [`Backend::new`] can succeed with device 0.
+    pub available: bool,
+    /// Why it is unavailable ("" when available).
+    pub reason: String,
+}
+
+/// Every backend the library knows of, available or not (loading and probing plugins).
+pub fn backends() -> Result<Vec<BackendInfo>> {
+    // SAFETY: no arguments; cannot fail.
+    let count = unsafe { sys::pagedattn_backend_count() };
+    (0..count)
+        .map(|index| {
+            let mut info = sys::pagedattn_backend_info {
+                struct_size: std::mem::size_of::<sys::pagedattn_backend_info>() as u32,
+                ..Default::default()
+            };
+            // SAFETY: valid out struct with its size set.
+            check(unsafe { sys::pagedattn_backend_get_info(&mut info, index) })?;
+            // SAFETY: the strings are static and owned by the library.
+            Ok(BackendInfo {
+                name: unsafe { static_str(info.name) }.to_string(),
+                available: info.available != 0,
+                reason: unsafe { static_str(info.reason) }.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Options for [`Backend::with_options`]; `Default` matches `pagedattn_backend_options_init`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendOptions {
+    /// GPU ordinal; 0 on CPU.
+    pub device_index: i32,
+    /// CPU backends: worker threads, 0 = one per online core.
+    pub num_threads: i32,
+    /// Reserved, must be 0.
+    pub flags: u32,
+    /// Upper bound on bytes for caches and batch workspaces (0 = unlimited).
+    pub memory_limit: u64,
+}
+
+/// Feature bits of a backend (`PAGEDATTN_FEATURE_*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Features(pub u32);
+
+impl Features {
+    /// ALiBi slopes.
+    pub const ALIBI: Features = Features(sys::PAGEDATTN_FEATURE_ALIBI);
+    /// Logit soft cap.
+    pub const SOFT_CAP: Features = Features(sys::PAGEDATTN_FEATURE_SOFT_CAP);
+    /// Sliding window.
+    pub const SLIDING_WINDOW: Features = Features(sys::PAGEDATTN_FEATURE_SLIDING_WINDOW);
+    /// Cross attention.
+    pub const CROSS_ATTENTION: Features = Features(sys::PAGEDATTN_FEATURE_CROSS_ATTENTION);
+    /// Encoder and encoder-only attention.
+    pub const ENCODER: Features = Features(sys::PAGEDATTN_FEATURE_ENCODER);
+    /// fp8 e4m3 / e5m2 caches.
+    pub const FP8_CACHE: Features = Features(sys::PAGEDATTN_FEATURE_FP8_CACHE);
+    /// Log-sum-exp output.
+    pub const LSE: Features = Features(sys::PAGEDATTN_FEATURE_LSE);
+    /// [`Backend::merge_states`].
+    pub const MERGE_STATES: Features = Features(sys::PAGEDATTN_FEATURE_MERGE_STATES);
+    /// `query_len > 1` with `context_len > 0`.
+    pub const CHUNKED_PREFILL: Features = Features(sys::PAGEDATTN_FEATURE_CHUNKED_PREFILL);
+    /// Swaps between device and host caches.
+    pub const HOST_SWAP: Features = Features(sys::PAGEDATTN_FEATURE_HOST_SWAP);
+    /// Forwards capturable in a CUDA/HIP graph.
+    pub const GRAPH_CAPTURE: Features = Features(sys::PAGEDATTN_FEATURE_GRAPH_CAPTURE);
+    /// Caches over caller memory ([`KvCache::wrap`]).
+    pub const WRAP_CACHE: Features = Features(sys::PAGEDATTN_FEATURE_WRAP_CACHE);
+
+    /// Whether every bit of `other` is set.
+    pub fn contains(self, other: Features) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// What a backend can do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// "cpu", "onednn", "cuda", "hip".
+    pub name: String,
+    /// Where tensors and caches must live.
+    pub device: Device,
+    /// Supported features.
+    pub features: Features,
+    /// q/k/v/out dtypes, as a mask of [`DType::bit`].
+    pub dtypes: u32,
+    /// Cache dtypes, as a mask of [`DType::bit`].
+    pub cache_dtypes: u32,
+    /// Layouts: bit `1 << layout`.
+    pub layouts: u32,
+    /// Bit k set = block size 2^k supported.
+    pub block_sizes: u32,
+    /// Bit i set = head size 8*(i+1) supported.
+    pub head_sizes: u32,
+    /// CPU: worker threads in use; GPU: 0.
+    pub max_num_threads: i32,
+    /// Bytes of device memory (GPU), 0 if unknown or host.
+    pub total_memory: u64,
+}
+
+impl Capabilities {
+    /// Whether q/k/v/out may have this dtype.
+    pub fn supports_dtype(&self, dtype: DType) -> bool {
+        self.dtypes & dtype.bit() != 0
+    }
+
+    /// Whether a cache may have this dtype.
+    pub fn supports_cache_dtype(&self, dtype: DType) -> bool {
+        self.cache_dtypes & dtype.bit() != 0
+    }
+
+    /// Supported block sizes, ascending.
+    pub fn block_size_list(&self) -> Vec<usize> {
+        (0..32).filter(|k| self.block_sizes & (1 << k) != 0).map(|k| 1usize << k).collect()
+    }
+
+    /// Supported head sizes, ascending.
+    pub fn head_size_list(&self) -> Vec<usize> {
+        (0..32).filter(|i| self.head_sizes & (1 << i) != 0).map(|i| 8 * (i + 1)).collect()
+    }
+}
+
+/// A compute backend (`pagedattn_backend`): one device driven by one implementation.
+#[derive(Debug)]
+pub struct Backend {
+    raw: NonNull<sys::pagedattn_backend>,
+}
+
+// SAFETY: backend.h: creating and destroying backends is thread-safe, and nothing ties a
+// backend to the thread that created it.
+unsafe impl Send for Backend {}
+// SAFETY: backend.h: "a backend handle may be used from many threads at once for calls on
+// distinct batches, outputs and cache regions"; this crate's `&mut` on outputs and caches keeps
+// those distinct, and destroy needs ownership.
+unsafe impl Sync for Backend {}
+
+impl Backend {
+    /// Creates a backend by name: "cpu", "onednn", "cuda", "hip" or "auto", with defaults.
+    pub fn new(name: &str) -> Result<Backend> {
+        Backend::create(name, None)
+    }
+
+    /// Creates a backend with options.
+    pub fn with_options(name: &str, options: &BackendOptions) -> Result<Backend> {
+        Backend::create(name, Some(options))
+    }
+
+    fn create(name: &str, options: Option<&BackendOptions>) -> Result<Backend> {
+        let cname = CString::new(name)
+            .map_err(|_| Error::binding(Status::InvalidArgument, "backend name contains NUL"))?;
+        let raw_opts = options.map(|o| {
+            let mut raw = sys::pagedattn_backend_options::default();
+            // SAFETY: valid pointer; fills defaults and struct_size.
+            unsafe { sys::pagedattn_backend_options_init(&mut raw) };
+            raw.device_index = o.device_index;
+            raw.num_threads = o.num_threads;
+            raw.flags = o.flags;
+            raw.memory_limit = o.memory_limit;
+            raw
+        });
+        let mut out = ptr::null_mut();
+        let opts_ptr = raw_opts.as_ref().map_or(ptr::null(), |o| o as *const _);
+        // SAFETY: valid out pointer, NUL-terminated name, options NULL or initialised.
+        check(unsafe { sys::pagedattn_backend_create(&mut out, cname.as_ptr(), opts_ptr) })?;
+        NonNull::new(out)
+            .map(|raw| Backend { raw })
+            .ok_or_else(|| Error::binding(Status::Internal, "backend_create returned OK and NULL"))
+    }
+
+    /// The raw handle, for calls through [`crate::sys`]; it stays owned by `self`.
+    pub fn as_ptr(&self) -> *mut sys::pagedattn_backend {
+        self.raw.as_ptr()
+    }
+
+    /// What this backend can do.
+    pub fn capabilities(&self) -> Result<Capabilities> {
+        let mut caps = sys::pagedattn_capabilities {
+            struct_size: std::mem::size_of::<sys::pagedattn_capabilities>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: valid out struct and live handle.
+        check(unsafe { sys::pagedattn_backend_get_capabilities(&mut caps, self.raw.as_ptr()) })?;
+        Ok(Capabilities {
+            // SAFETY: static string owned by the library.
+            name: unsafe { static_str(caps.name) }.to_string(),
+            device: Device::from_raw(caps.device),
+            features: Features(caps.features),
+            dtypes: caps.dtypes,
+            cache_dtypes: caps.cache_dtypes,
+            layouts: caps.layouts,
+            block_sizes: caps.block_sizes,
+            head_sizes: caps.head_sizes,
+            max_num_threads: caps.max_num_threads,
+            total_memory: caps.total_memory,
+        })
+    }
+
+    /// Waits for the work queued on `stream` and reports asynchronous device errors. Returns at
+    /// once on CPU backends.
+    pub fn synchronize(&self, stream: Stream) -> Result<()> {
+        // SAFETY: live handle; the stream's validity is the promise of Stream::from_raw.
+        check(unsafe { sys::pagedattn_backend_synchronize(self.raw.as_ptr(), stream.as_ptr()) })
+    }
+
+    /// Runs one layer of attention for a planned batch (`pagedattn_forward`).
+    ///
+    /// `q`: `[num_tokens, H, D]`; `k`, `v`: `[rows, Hkv, D]`, needed when `options.write_kv` and
+    /// for encoder types; `out`: `[num_tokens, H, D]` of q's dtype; `lse`: optional float32
+    /// `[num_tokens, H]`. `cache` is the self-attention cache (decoder, encoder) or the cross
+    /// cache (cross); `None` only for encoder-only attention. Runs on `options.stream`. On error
+    /// nothing is written.
+    #[allow(clippy::too_many_arguments)] // mirrors pagedattn_forward's arguments
+    pub fn forward(
+        &self,
+        batch: &Batch<'_>,
+        cache: Option<&mut KvCache<'_>>,
+        layer: i32,
+        options: &AttentionOptions<'_>,
+        q: &Tensor<'_>,
+        k: Option<&Tensor<'_>>,
+        v: Option<&Tensor<'_>>,
+        out: &mut TensorMut<'_>,
+        lse: Option<&mut TensorMut<'_>>,
+    ) -> Result<()> {
+        let opts_raw = options.to_raw();
+        let q_raw = q.as_raw();
+        let k_raw = k.map(Tensor::as_raw);
+        let v_raw = v.map(Tensor::as_raw);
+        let mut out_raw = out.as_raw();
+        let mut lse_raw = lse.map(|t| t.as_raw());
+        let cache_ptr = cache.map_or(ptr::null_mut(), |c| c.as_ptr());
+        // SAFETY: live handles; descriptors point into borrowed tensors that outlive the call;
+        // the library checks every shape against the batch before touching memory.
+        check(unsafe {
+            sys::pagedattn_forward(
+                self.raw.as_ptr(),
+                batch.as_ptr(),
+                cache_ptr,
+                layer,
+                &*opts_raw,
+                &q_raw,
+                k_raw.as_ref().map_or(ptr::null(), |t| t as *const _),
+                v_raw.as_ref().map_or(ptr::null(), |t| t as *const _),
+                &mut out_raw,
+                lse_raw.as_mut().map_or(ptr::null_mut(), |t| t as *mut _),
+                options.stream.as_ptr(),
+            )
+        })
+    }
+
+    /// Merges two partial results over disjoint key sets into the exact one
+    /// (`pagedattn_merge_states`) on the default stream. `o1`, `o2`, `out`: `[T, H, D]`;
+    /// `lse1`, `lse2`, `lse_out`: float32 `[T, H]`. In-place merging (out = o1) needs the raw
+    /// constructors, since a slice cannot be borrowed twice.
+    pub fn merge_states(
+        &self,
+        out: &mut TensorMut<'_>,
+        lse_out: Option<&mut TensorMut<'_>>,
+        o1: &Tensor<'_>,
+        lse1: &Tensor<'_>,
+        o2: &Tensor<'_>,
+        lse2: &Tensor<'_>,
+    ) -> Result<()> {
+        self.merge_states_on(Stream::DEFAULT, out, lse_out, o1, lse1, o2, lse2)
+    }
+
+    /// As [`Backend::merge_states`], queued on `stream`.
+    #[allow(clippy::too_many_arguments)] // mirrors pagedattn_merge_states's arguments
+    pub fn merge_states_on(
+        &self,
+        stream: Stream,
+        out: &mut TensorMut<'_>,
+        lse_out: Option<&mut TensorMut<'_>>,
+        o1: &Tensor<'_>,
+        lse1: &Tensor<'_>,
+        o2: &Tensor<'_>,
+        lse2: &Tensor<'_>,
+    ) -> Result<()> {
+        let mut out_raw = out.as_raw();
+        let mut lse_out_raw = lse_out.map(|t| t.as_raw());
+        let (o1_raw, lse1_raw, o2_raw, lse2_raw) = (o1.as_raw(), lse1.as_raw(), o2.as_raw(), lse2.as_raw());
+        // SAFETY: as forward; the library checks shapes before touching memory.
+        check(unsafe {
+            sys::pagedattn_merge_states(
+                self.raw.as_ptr(),
+                &mut out_raw,
+                lse_out_raw.as_mut().map_or(ptr::null_mut(), |t| t as *mut _),
+                &o1_raw,
+                &lse1_raw,
+                &o2_raw,
+                &lse2_raw,
+                stream.as_ptr(),
+            )
+        })
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: owned handle, destroyed once. Caches and batches borrow the backend, so they
+        // are gone already (the library would keep it alive for them anyway).
+        unsafe { sys::pagedattn_backend_destroy(self.raw.as_ptr()) }
+    }
+}

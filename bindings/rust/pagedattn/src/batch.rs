@@ -1,0 +1,244 @@
+//! Planned batches (the metadata of one step).
+
+use std::marker::PhantomData;
+use std::ptr::{self, NonNull};
+
+use crate::backend::Backend;
+use crate::cache::KvCache;
+use crate::{check, sys, Error, Result, Status};
+
+/// One step's sequences (`pagedattn_batch_desc`), borrowed from the caller's arrays.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchDesc<'d> {
+    /// New tokens per sequence (>= 0); its length is the number of sequences.
+    pub query_lens: &'d [i32],
+    /// Tokens already in the cache per sequence.
+    pub context_lens: &'d [i32],
+    /// Block tables, row-major `[num_seqs][block_table_stride]`; `None` only for encoder-only.
+    pub block_tables: Option<&'d [i32]>,
+    /// Entries per block-table row.
+    pub block_table_stride: i32,
+    /// Optional caller slot mapping (`sum(query_lens)` slots, -1 = padding).
+    pub slot_mapping: Option<&'d [i64]>,
+    /// Cross attention: encoder tokens per sequence.
+    pub encoder_lens: Option<&'d [i32]>,
+    /// Cross attention: `[num_seqs][cross_block_table_stride]`.
+    pub cross_block_tables: Option<&'d [i32]>,
+    /// Entries per cross block-table row.
+    pub cross_block_table_stride: i32,
+    /// Capacity for updates: sequences (0 = this batch's).
+    pub max_num_seqs: i32,
+    /// Capacity: tokens.
+    pub max_num_tokens: i64,
+    /// Capacity: table width.
+    pub max_blocks_per_seq: i32,
+    /// Capacity: encoder tokens.
+    pub max_num_encoder_tokens: i64,
+    /// Capacity: context_len + query_len (and encoder_len).
+    pub max_seq_len: i64,
+}
+
+fn too_short(what: &str, len: usize, need: usize) -> Error {
+    Error::binding(Status::InvalidArgument, format!("{what} has {len} entries, needs {need}"))
+}
+
+fn opt_ptr<T>(s: Option<&[T]>) -> *const T {
+    s.map_or(ptr::null(), <[T]>::as_ptr)
+}
+
+impl BatchDesc<'_> {
+    /// The C struct, after checking that every array is as long as the C side will read.
+    fn raw_desc(&self) -> Result<sys::pagedattn_batch_desc> {
+        let n = self.query_lens.len();
+        let num_seqs = i32::try_from(n).map_err(|_| Error::binding(Status::Overflow, "too many sequences"))?;
+        if self.context_lens.len() != n {
+            return Err(too_short("context_lens", self.context_lens.len(), n));
+        }
+        let table_need = |stride: i32| n.saturating_mul(stride.max(0) as usize);
+        if let Some(t) = self.block_tables {
+            if t.len() < table_need(self.block_table_stride) {
+                return Err(too_short("block_tables", t.len(), table_need(self.block_table_stride)));
+            }
+        }
+        if let Some(s) = self.slot_mapping {
+            let tokens: i64 = self.query_lens.iter().map(|&q| q.max(0) as i64).sum();
+            if (s.len() as i64) < tokens {
+                return Err(too_short("slot_mapping", s.len(), tokens as usize));
+            }
+        }
+        if let Some(e) = self.encoder_lens {
+            if e.len() != n {
+                return Err(too_short("encoder_lens", e.len(), n));
+            }
+        }
+        if let Some(t) = self.cross_block_tables {
+            if t.len() < table_need(self.cross_block_table_stride) {
+                return Err(too_short("cross_block_tables", t.len(), table_need(self.cross_block_table_stride)));
+            }
+        }
+        let mut raw = sys::pagedattn_batch_desc::default();
+        // SAFETY: valid pointer; sets struct_size.
+        unsafe { sys::pagedattn_batch_desc_init(&mut raw) };
+        raw.num_seqs = num_seqs;
+        raw.query_lens = self.query_lens.as_ptr();
+        raw.context_lens = self.context_lens.as_ptr();
+        raw.block_tables = opt_ptr(self.block_tables);
+        raw.block_table_stride = self.block_table_stride;
+        raw.slot_mapping = opt_ptr(self.slot_mapping);
+        raw.encoder_lens = opt_ptr(self.encoder_lens);
+        raw.cross_block_tables = opt_ptr(self.cross_block_tables);
+        raw.cross_block_table_stride = self.cross_block_table_stride;
+        raw.max_num_seqs = self.max_num_seqs;
+        raw.max_num_tokens = self.max_num_tokens;
+        raw.max_blocks_per_seq = self.max_blocks_per_seq;
+        raw.max_num_encoder_tokens = self.max_num_encoder_tokens;
+        raw.max_seq_len = self.max_seq_len;
+        Ok(raw)
+    }
+}
+
+/// Summary of a planned batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchInfo {
+    /// Sequences.
+    pub num_seqs: i32,
+    /// sum(query_lens): rows of q/k/v/out.
+    pub num_tokens: i64,
+    /// Rows of k/v in a cross forward that writes the cross cache.
+    pub num_encoder_tokens: i64,
+    /// Sequences with query_len == 1.
+    pub num_decode_seqs: i32,
+    /// Sequences with query_len > 1.
+    pub num_prefill_seqs: i32,
+    /// Longest query.
+    pub max_query_len: i32,
+    /// max(context_len + query_len).
+    pub max_seq_len: i64,
+    /// Capacity: sequences.
+    pub max_num_seqs: i32,
+    /// Capacity: tokens.
+    pub max_num_tokens: i64,
+    /// Capacity: table width.
+    pub max_blocks_per_seq: i32,
+    /// Block size of the cache planned against.
+    pub block_size: i32,
+}
+
+/// A validated and planned batch (`pagedattn_batch`); borrows its backend for `'a`.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    raw: NonNull<sys::pagedattn_batch>,
+    _backend: PhantomData<&'a Backend>,
+}
+
+// SAFETY: batch.h ties no batch to a thread; update and destroy need `&mut`/ownership here.
+unsafe impl Send for Batch<'_> {}
+// SAFETY: batch.h: a batch may serve concurrent forwards when none updates it (the CPU backend
+// serialises forwards sharing a batch's workspace); update takes `&mut self`.
+unsafe impl Sync for Batch<'_> {}
+
+impl<'a> Batch<'a> {
+    /// Validates and plans a batch against `cache` (and `cross_cache` for cross attention).
+    /// `cache` may be `None` only without block tables (encoder-only). The caches are read only
+    /// now; the batch stays valid after they are dropped.
+    pub fn new(
+        backend: &'a Backend,
+        cache: Option<&KvCache<'_>>,
+        cross_cache: Option<&KvCache<'_>>,
+        desc: &BatchDesc<'_>,
+    ) -> Result<Self> {
+        let raw = desc.raw_desc()?;
+        let mut out = ptr::null_mut();
+        // SAFETY: arrays checked against what the C side reads; live handles.
+        check(unsafe {
+            sys::pagedattn_batch_create(
+                &mut out,
+                backend.as_ptr(),
+                cache.map_or(ptr::null(), |c| c.as_ptr() as *const _),
+                cross_cache.map_or(ptr::null(), |c| c.as_ptr() as *const _),
+                &raw,
+            )
+        })?;
+        NonNull::new(out)
+            .map(|raw| Batch { raw, _backend: PhantomData })
+            .ok_or_else(|| Error::binding(Status::Internal, "batch_create returned OK and NULL"))
+    }
+
+    /// Replaces the contents in place with a new step of no larger capacity (graph replay).
+    /// On failure the batch keeps its previous contents.
+    pub fn update(&mut self, desc: &BatchDesc<'_>) -> Result<()> {
+        let raw = desc.raw_desc()?;
+        // SAFETY: as new; exclusive access through `&mut self`.
+        check(unsafe { sys::pagedattn_batch_update(self.raw.as_ptr(), &raw) })
+    }
+
+    /// The raw handle, for calls through [`crate::sys`]; it stays owned by `self`.
+    pub fn as_ptr(&self) -> *mut sys::pagedattn_batch {
+        self.raw.as_ptr()
+    }
+
+    /// Summary of the plan.
+    pub fn info(&self) -> Result<BatchInfo> {
+        let mut raw = sys::pagedattn_batch_info {
+            struct_size: std::mem::size_of::<sys::pagedattn_batch_info>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: valid out struct; live handle.
+        check(unsafe { sys::pagedattn_batch_get_info(&mut raw, self.raw.as_ptr()) })?;
+        Ok(BatchInfo {
+            num_seqs: raw.num_seqs,
+            num_tokens: raw.num_tokens,
+            num_encoder_tokens: raw.num_encoder_tokens,
+            num_decode_seqs: raw.num_decode_seqs,
+            num_prefill_seqs: raw.num_prefill_seqs,
+            max_query_len: raw.max_query_len,
+            max_seq_len: raw.max_seq_len,
+            max_num_seqs: raw.max_num_seqs,
+            max_num_tokens: raw.max_num_tokens,
+            max_blocks_per_seq: raw.max_blocks_per_seq,
+            block_size: raw.block_size,
+        })
+    }
+
+    /// The planned slot mapping (one slot per token). Borrowed from the batch until the next
+    /// update.
+    pub fn slot_mapping(&self) -> Result<&[i64]> {
+        let (mut p, mut n) = (ptr::null(), 0i64);
+        // SAFETY: valid out pointers; live handle.
+        check(unsafe { sys::pagedattn_batch_get_slot_mapping(&mut p, &mut n, self.raw.as_ptr()) })?;
+        // SAFETY: the batch owns `n` entries at `p` until update/destroy, which need `&mut self`.
+        Ok(unsafe { borrowed(p, n as usize) })
+    }
+
+    /// The first row of each sequence, then the number of tokens (num_seqs + 1 entries).
+    pub fn query_start(&self) -> Result<&[i32]> {
+        let (mut p, mut n) = (ptr::null(), 0i32);
+        // SAFETY: as slot_mapping.
+        check(unsafe { sys::pagedattn_batch_get_query_start(&mut p, &mut n, self.raw.as_ptr()) })?;
+        // SAFETY: as slot_mapping.
+        Ok(unsafe { borrowed(p, n as usize) })
+    }
+
+    /// Slots of the cross cache for the encoder tokens a cross forward writes (empty without
+    /// cross attention).
+    pub fn cross_slot_mapping(&self) -> Result<&[i64]> {
+        let (mut p, mut n) = (ptr::null(), 0i64);
+        // SAFETY: as slot_mapping.
+        check(unsafe { sys::pagedattn_batch_get_cross_slot_mapping(&mut p, &mut n, self.raw.as_ptr()) })?;
+        // SAFETY: as slot_mapping.
+        Ok(unsafe { borrowed(p, n as usize) })
+    }
+}
+
+/// # Safety
+/// `p` must be valid for `n` reads for the returned lifetime (or `n` == 0).
+unsafe fn borrowed<'s, T>(p: *const T, n: usize) -> &'s [T] {
+    if n == 0 || p.is_null() { &[] } else { std::slice::from_raw_parts(p, n) }
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        // SAFETY: owned handle, destroyed once.
+        unsafe { sys::pagedattn_batch_destroy(self.raw.as_ptr()) }
+    }
+}

@@ -1,0 +1,372 @@
+//! The paged KV cache.
+
+use std::marker::PhantomData;
+use std::os::raw::c_void;
+use std::ptr::{self, NonNull};
+
+use crate::backend::Backend;
+use crate::tensor::{check_element, Device, Element, Stream, Tensor};
+use crate::{check, sys, DType, Error, Result, Status};
+
+/// Order of a block's elements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// `[block][slot][head][dim]` (FlashAttention's).
+    #[default]
+    Nhd,
+    /// `[block][head][slot][dim]` (per-head streaming).
+    Hnd,
+}
+
+impl Layout {
+    /// The C `pagedattn_layout` value.
+    pub fn raw(self) -> sys::pagedattn_layout {
+        match self {
+            Layout::Nhd => sys::PAGEDATTN_LAYOUT_NHD,
+            Layout::Hnd => sys::PAGEDATTN_LAYOUT_HND,
+        }
+    }
+}
+
+/// Geometry of a cache (`pagedattn_kv_cache_desc`). `Default` matches
+/// `pagedattn_kv_cache_desc_init`: zero sizes, NHD, bfloat16, no flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CacheDesc {
+    /// Layers (>= 1).
+    pub num_layers: i32,
+    /// Blocks (>= 1).
+    pub num_blocks: i32,
+    /// Tokens per block: a power of two the backend supports.
+    pub block_size: i32,
+    /// KV heads (>= 1).
+    pub num_kv_heads: i32,
+    /// Head size.
+    pub head_size: i32,
+    /// Element type: the model's, or fp8.
+    pub dtype: DType,
+    /// Block layout.
+    pub layout: Layout,
+    /// `PAGEDATTN_KV_CACHE_*` flags, e.g. [`CacheDesc::HOST`].
+    pub flags: u32,
+}
+
+impl Default for CacheDesc {
+    fn default() -> Self {
+        CacheDesc {
+            num_layers: 0,
+            num_blocks: 0,
+            block_size: 0,
+            num_kv_heads: 0,
+            head_size: 0,
+            dtype: DType::BF16,
+            layout: Layout::Nhd,
+            flags: 0,
+        }
+    }
+}
+
+impl CacheDesc {
+    /// Flag: place the cache in (pinned) host memory owned by the backend, for swaps.
+    pub const HOST: u32 = sys::PAGEDATTN_KV_CACHE_HOST;
+
+    pub(crate) fn to_raw(self) -> sys::pagedattn_kv_cache_desc {
+        let mut raw = sys::pagedattn_kv_cache_desc::default();
+        // SAFETY: valid pointer; sets struct_size.
+        unsafe { sys::pagedattn_kv_cache_desc_init(&mut raw) };
+        raw.num_layers = self.num_layers;
+        raw.num_blocks = self.num_blocks;
+        raw.block_size = self.block_size;
+        raw.num_kv_heads = self.num_kv_heads;
+        raw.head_size = self.head_size;
+        raw.dtype = self.dtype.raw();
+        raw.layout = self.layout.raw();
+        raw.flags = self.flags;
+        raw
+    }
+
+    /// Bytes one block takes across all layers, K and V; also one block's record in
+    /// [`KvCache::read_blocks`] buffers.
+    pub fn bytes_per_block(&self) -> Result<u64> {
+        let raw = self.to_raw();
+        let mut out = 0u64;
+        // SAFETY: valid pointers.
+        check(unsafe { sys::pagedattn_kv_cache_bytes_per_block(&mut out, &raw) })?;
+        Ok(out)
+    }
+
+    /// Compact element strides (block, slot, head) of the layout.
+    pub fn compact_strides(&self) -> [i64; 3] {
+        let (bs, h, d) = (self.block_size as i64, self.num_kv_heads as i64, self.head_size as i64);
+        match self.layout {
+            Layout::Nhd => [bs * h * d, h * d, d],
+            Layout::Hnd => [h * bs * d, d, bs * d],
+        }
+    }
+
+    /// Elements one layer's K (or V) reaches with these strides, or None on overflow/bad input.
+    fn layer_extent(&self, strides: [i64; 3]) -> Option<usize> {
+        if strides.iter().any(|&s| s < 0) || self.num_blocks < 1 || self.block_size < 1
+            || self.num_kv_heads < 1 || self.head_size < 1 {
+            return None;
+        }
+        let last = (self.num_blocks as i64 - 1).checked_mul(strides[0])?
+            .checked_add((self.block_size as i64 - 1).checked_mul(strides[1])?)?
+            .checked_add((self.num_kv_heads as i64 - 1).checked_mul(strides[2])?)?
+            .checked_add(self.head_size as i64)?;
+        usize::try_from(last).ok()
+    }
+}
+
+/// Layer memory of a cache ([`KvCache::layer_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerMemory {
+    /// Base of the layer's K blocks.
+    pub k: *mut c_void,
+    /// Base of the layer's V blocks.
+    pub v: *mut c_void,
+    /// Element strides: block, slot, head.
+    pub strides: [i64; 3],
+}
+
+/// A paged KV cache (`pagedattn_kv_cache`), owning its memory or wrapping the caller's. It
+/// borrows its backend (and, when wrapped, the caller's memory) for `'a`.
+#[derive(Debug)]
+pub struct KvCache<'a> {
+    raw: NonNull<sys::pagedattn_kv_cache>,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: kv_cache.h ties no cache to a thread; destroy needs ownership here.
+unsafe impl Send for KvCache<'_> {}
+// SAFETY: kv_cache.h: reads of a block may run concurrently, get_desc/get_layer are always
+// thread-safe; every call that writes the cache takes `&mut self` here.
+unsafe impl Sync for KvCache<'_> {}
+
+fn pairs_ptr(pairs: &[[i32; 2]]) -> *const i32 {
+    if pairs.is_empty() { ptr::null() } else { pairs.as_ptr() as *const i32 }
+}
+
+impl<'a> KvCache<'a> {
+    fn from_out(out: *mut sys::pagedattn_kv_cache) -> Result<Self> {
+        NonNull::new(out)
+            .map(|raw| KvCache { raw, _borrow: PhantomData })
+            .ok_or_else(|| Error::binding(Status::Internal, "cache call returned OK and NULL"))
+    }
+
+    /// Creates a cache whose memory the library allocates on the backend's device (zeroed).
+    pub fn new(backend: &'a Backend, desc: &CacheDesc) -> Result<Self> {
+        let raw = desc.to_raw();
+        let mut out = ptr::null_mut();
+        // SAFETY: valid pointers and a live backend.
+        check(unsafe { sys::pagedattn_kv_cache_create(&mut out, backend.as_ptr(), &raw) })?;
+        KvCache::from_out(out)
+    }
+
+    /// Creates a cache over host slices, used in place: one slice per layer for K and for V.
+    /// `strides` are element strides (block, slot, head); `None` = compact for the layout. Each
+    /// slice must hold every element the strides reach; `T` must hold `desc.dtype` (`f32`,
+    /// `u16` for float16/bfloat16, `u8` for fp8). The slices stay borrowed while the cache lives.
+    pub fn wrap<T: Element>(
+        backend: &'a Backend,
+        desc: &CacheDesc,
+        k_layers: Vec<&'a mut [T]>,
+        v_layers: Vec<&'a mut [T]>,
+        strides: Option<[i64; 3]>,
+    ) -> Result<Self> {
+        check_element::<T>(desc.dtype)?;
+        let layers = usize::try_from(desc.num_layers).unwrap_or(0);
+        if k_layers.len() != layers || v_layers.len() != layers {
+            return Err(Error::binding(
+                Status::InvalidArgument,
+                format!("{} K and {} V layer slices for num_layers {}", k_layers.len(), v_layers.len(), desc.num_layers),
+            ));
+        }
+        let s = strides.unwrap_or_else(|| desc.compact_strides());
+        let need = desc.layer_extent(s).ok_or_else(|| {
+            Error::binding(Status::InvalidArgument, format!("cache geometry {desc:?} with strides {s:?}"))
+        })?;
+        if let Some(short) = k_layers.iter().chain(&v_layers).find(|l| l.len() < need) {
+            return Err(Error::binding(
+                Status::InvalidArgument,
+                format!("layer slice of {} elements, the geometry needs {need}", short.len()),
+            ));
+        }
+        let k: Vec<*mut c_void> = k_layers.into_iter().map(|l| l.as_mut_ptr() as *mut c_void).collect();
+        let v: Vec<*mut c_void> = v_layers.into_iter().map(|l| l.as_mut_ptr() as *mut c_void).collect();
+        // SAFETY: the pointers come from slices borrowed mutably for 'a, large enough for the
+        // geometry (checked above).
+        unsafe { KvCache::wrap_raw(backend, desc, &k, &v, strides.unwrap_or([0; 3]), Device::CPU) }
+    }
+
+    /// Creates a cache over arbitrary memory (e.g. a framework's GPU tensors).
+    ///
+    /// # Safety
+    /// Each pointer must address memory on `device` holding every element the geometry and
+    /// `strides` reach (`[0; 3]` = compact), valid and not otherwise accessed for `'a`.
+    pub unsafe fn wrap_raw(
+        backend: &'a Backend,
+        desc: &CacheDesc,
+        k_layers: &[*mut c_void],
+        v_layers: &[*mut c_void],
+        strides: [i64; 3],
+        device: Device,
+    ) -> Result<Self> {
+        if k_layers.len() != v_layers.len() || k_layers.len() != desc.num_layers.max(0) as usize {
+            return Err(Error::binding(
+                Status::InvalidArgument,
+                format!("{} K and {} V layer pointers for num_layers {}", k_layers.len(), v_layers.len(), desc.num_layers),
+            ));
+        }
+        let raw = desc.to_raw();
+        let mem = sys::pagedattn_kv_cache_memory {
+            struct_size: std::mem::size_of::<sys::pagedattn_kv_cache_memory>() as u32,
+            k_layers: k_layers.as_ptr(),
+            v_layers: v_layers.as_ptr(),
+            block_stride: strides[0],
+            slot_stride: strides[1],
+            head_stride: strides[2],
+            device: device.raw(),
+        };
+        let mut out = ptr::null_mut();
+        check(sys::pagedattn_kv_cache_wrap(&mut out, backend.as_ptr(), &raw, &mem))?;
+        KvCache::from_out(out)
+    }
+
+    /// The raw handle, for calls through [`crate::sys`]; it stays owned by `self`.
+    pub fn as_ptr(&self) -> *mut sys::pagedattn_kv_cache {
+        self.raw.as_ptr()
+    }
+
+    /// The cache's geometry.
+    pub fn desc(&self) -> Result<CacheDesc> {
+        let mut raw = sys::pagedattn_kv_cache_desc {
+            struct_size: std::mem::size_of::<sys::pagedattn_kv_cache_desc>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: valid out struct; live handle.
+        check(unsafe { sys::pagedattn_kv_cache_get_desc(&mut raw, self.raw.as_ptr()) })?;
+        let dtype = DType::from_raw(raw.dtype)
+            .ok_or_else(|| Error::binding(Status::Internal, format!("unknown cache dtype {}", raw.dtype)))?;
+        Ok(CacheDesc {
+            num_layers: raw.num_layers,
+            num_blocks: raw.num_blocks,
+            block_size: raw.block_size,
+            num_kv_heads: raw.num_kv_heads,
+            head_size: raw.head_size,
+            dtype,
+            layout: if raw.layout == sys::PAGEDATTN_LAYOUT_HND { Layout::Hnd } else { Layout::Nhd },
+            flags: raw.flags,
+        })
+    }
+
+    /// Layer `layer`'s K and V base pointers and element strides, to hand to other code.
+    pub fn layer_memory(&self, layer: i32) -> Result<LayerMemory> {
+        let (mut k, mut v, mut strides) = (ptr::null_mut(), ptr::null_mut(), [0i64; 3]);
+        // SAFETY: valid out pointers; live handle.
+        check(unsafe { sys::pagedattn_kv_cache_get_layer(&mut k, &mut v, strides.as_mut_ptr(), self.raw.as_ptr(), layer) })?;
+        Ok(LayerMemory { k, v, strides })
+    }
+
+    /// Reshape-and-cache: stores `key[t]`, `value[t]` (`[T, Hkv, D]`) at `slot_mapping[t]` (a
+    /// 1-D int32/int64 tensor; -1 = padding) of `layer`. Scales apply to fp8 caches only. A host
+    /// slot mapping is checked entirely before anything is written.
+    pub fn write(
+        &mut self,
+        layer: i32,
+        key: &Tensor<'_>,
+        value: &Tensor<'_>,
+        slot_mapping: &Tensor<'_>,
+        k_scale: f32,
+        v_scale: f32,
+    ) -> Result<()> {
+        self.write_on(Stream::DEFAULT, layer, key, value, slot_mapping, k_scale, v_scale)
+    }
+
+    /// As [`KvCache::write`], queued on `stream`.
+    #[allow(clippy::too_many_arguments)] // mirrors pagedattn_kv_cache_write's arguments
+    pub fn write_on(
+        &mut self,
+        stream: Stream,
+        layer: i32,
+        key: &Tensor<'_>,
+        value: &Tensor<'_>,
+        slot_mapping: &Tensor<'_>,
+        k_scale: f32,
+        v_scale: f32,
+    ) -> Result<()> {
+        let (k, v, s) = (key.as_raw(), value.as_raw(), slot_mapping.as_raw());
+        // SAFETY: descriptors of borrowed tensors; the library validates shapes and slots.
+        check(unsafe {
+            sys::pagedattn_kv_cache_write(self.raw.as_ptr(), layer, &k, &v, &s, k_scale, v_scale, stream.as_ptr())
+        })
+    }
+
+    /// Copies whole blocks (K and V, every layer) within the cache: `[src, dst]` pairs.
+    pub fn copy_blocks(&mut self, pairs: &[[i32; 2]]) -> Result<()> {
+        self.copy_blocks_on(Stream::DEFAULT, pairs)
+    }
+
+    /// As [`KvCache::copy_blocks`], queued on `stream`.
+    pub fn copy_blocks_on(&mut self, stream: Stream, pairs: &[[i32; 2]]) -> Result<()> {
+        // SAFETY: `[i32; 2]` slices are contiguous int32 pairs; live handle.
+        check(unsafe { sys::pagedattn_kv_cache_copy_blocks(self.raw.as_ptr(), pairs_ptr(pairs), pairs.len(), stream.as_ptr()) })
+    }
+
+    /// Copies whole blocks from `src` into this cache: block `pair[0]` of `src` to block
+    /// `pair[1]` of `self`. Geometries must match (layouts and block counts may differ).
+    pub fn swap_blocks_from(&mut self, src: &KvCache<'_>, pairs: &[[i32; 2]]) -> Result<()> {
+        self.swap_blocks_from_on(Stream::DEFAULT, src, pairs)
+    }
+
+    /// As [`KvCache::swap_blocks_from`], queued on `stream`.
+    pub fn swap_blocks_from_on(&mut self, stream: Stream, src: &KvCache<'_>, pairs: &[[i32; 2]]) -> Result<()> {
+        // SAFETY: as copy_blocks; `self` and `src` cannot alias (`&mut` and `&`).
+        check(unsafe {
+            sys::pagedattn_kv_cache_swap_blocks(self.raw.as_ptr(), src.raw.as_ptr(), pairs_ptr(pairs), pairs.len(), stream.as_ptr())
+        })
+    }
+
+    /// Exports blocks into `buffer`: for each id, for each layer, the K block then the V block,
+    /// packed in the cache's layout. `buffer` must hold `ids.len() * bytes_per_block` bytes.
+    pub fn read_blocks<T: Element>(&self, ids: &[i32], buffer: &mut [T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(buffer);
+        // SAFETY: the library writes at most `bytes` bytes into the buffer.
+        check(unsafe {
+            sys::pagedattn_kv_cache_read_blocks(self.raw.as_ptr(), ids.as_ptr(), ids.len(),
+                buffer.as_mut_ptr() as *mut c_void, bytes, ptr::null_mut())
+        })
+    }
+
+    /// Exports blocks as bytes (see [`KvCache::read_blocks`]).
+    pub fn read_blocks_to_vec(&self, ids: &[i32]) -> Result<Vec<u8>> {
+        let per_block = self.desc()?.bytes_per_block()?;
+        let len = usize::try_from(per_block)
+            .ok()
+            .and_then(|b| b.checked_mul(ids.len()))
+            .ok_or_else(|| Error::binding(Status::Overflow, "export size overflows"))?;
+        let mut buf = vec![0u8; len];
+        // SAFETY: as read_blocks, with a byte buffer.
+        check(unsafe {
+            sys::pagedattn_kv_cache_read_blocks(self.raw.as_ptr(), ids.as_ptr(), ids.len(),
+                buf.as_mut_ptr() as *mut c_void, len, ptr::null_mut())
+        })?;
+        Ok(buf)
+    }
+
+    /// Loads blocks from a buffer in [`KvCache::read_blocks`]' format (ids unique).
+    pub fn load_blocks<T: Element>(&mut self, ids: &[i32], buffer: &[T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(buffer);
+        // SAFETY: the library reads at most `bytes` bytes.
+        check(unsafe {
+            sys::pagedattn_kv_cache_load_blocks(self.raw.as_ptr(), ids.as_ptr(), ids.len(),
+                buffer.as_ptr() as *const c_void, bytes, ptr::null_mut())
+        })
+    }
+}
+
+impl Drop for KvCache<'_> {
+    fn drop(&mut self) {
+        // SAFETY: owned handle, destroyed once.
+        unsafe { sys::pagedattn_kv_cache_destroy(self.raw.as_ptr()) }
+    }
+}
