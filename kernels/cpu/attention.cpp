@@ -1,0 +1,383 @@
+// kernels/cpu/attention.cpp — paged attention work items (decode, prefill, chunked prefill,
+// encoder, cross), one Highway instantiation per SIMD target.
+//
+// A work item is (sequence, KV head, some of its query heads, a query-token tile, a key range):
+// its rows are every (token, head) pair, so each K/V tile is loaded and converted to float32 ONCE
+// for the whole GQA group and tile. Flash-style loop over key tiles with an online softmax; no
+// T x T score matrix. Keys outside the causal/window range of every row are never visited.
+#include <math.h>
+#include <string.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "convert.h"
+#include "kernels.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "attention.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace pa_cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+
+// Converts n (a multiple of 8) elements of src to float32 in dst, times `scale` for fp8.
+HWY_INLINE void load_row(const void* src, pagedattn_dtype dt, float scale, float* HWY_RESTRICT dst,
+                         int n) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  int i = 0;
+  switch (dt) {
+    case PAGEDATTN_DTYPE_FLOAT32: {
+      memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+      return;
+    }
+    case PAGEDATTN_DTYPE_BFLOAT16: {
+      const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+      const hwy::bfloat16_t* p = static_cast<const hwy::bfloat16_t*>(src);
+      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dbf, p + i)), d, dst + i);
+      break;
+    }
+    case PAGEDATTN_DTYPE_FLOAT16: {
+      const hn::Rebind<hwy::float16_t, DF> dh;
+      const hwy::float16_t* p = static_cast<const hwy::float16_t*>(src);
+      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, p + i)), d, dst + i);
+      break;
+    }
+    case PAGEDATTN_DTYPE_FP8_E5M2:
+    case PAGEDATTN_DTYPE_FP8_E4M3: {
+      // fp8 -> f16 bit pattern (exact), then the hardware f16 -> f32 conversion, so fp8
+      // subnormals never reach a float32 multiply as denormals. e4m3's exponent bias (7) is 8
+      // below f16's (15): fold 2^8 into the scale.
+      const hn::Rebind<uint8_t, DF> d8;
+      const hn::Rebind<uint16_t, DF> d16;
+      const hn::Rebind<hwy::float16_t, DF> dh;
+      const uint8_t* p = static_cast<const uint8_t*>(src);
+      const bool e4m3 = dt == PAGEDATTN_DTYPE_FP8_E4M3;
+      const auto mul = hn::Set(d, e4m3 ? scale * 256.0f : scale);
+      const auto k80 = hn::Set(d16, 0x80), k7f = hn::Set(d16, 0x7F);
+      for (; i + N <= n; i += N) {
+        const auto x = hn::PromoteTo(d16, hn::LoadU(d8, p + i));
+        const auto h = e4m3 ? hn::Or(hn::ShiftLeft<8>(hn::And(x, k80)),
+                                     hn::ShiftLeft<7>(hn::And(x, k7f)))
+                            : hn::ShiftLeft<8>(x);
+        hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), mul), d, dst + i);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  for (; i < n; ++i) dst[i] = load_elem(src, i, dt, scale);
+}
+
+// Address of key/value `pos` of the item's KV head.
+HWY_INLINE const void* kv_addr(const KVSource& s, bool value, int64_t pos, int32_t kv_head) {
+  const void* base = value ? s.v : s.k;
+  int64_t off;
+  if (s.table != nullptr) {
+    const int64_t block = s.table[pos / s.block_size];
+    const int64_t slot = pos % s.block_size;
+    off = block * s.block_stride + slot * s.slot_stride + kv_head * s.head_stride;
+  } else if (!value) {
+    off = (s.row0 + pos) * s.block_stride + kv_head * s.head_stride;
+  } else {
+    off = (s.row0 + pos) * s.v_block_stride + kv_head * s.v_head_stride;
+  }
+  return static_cast<const char*>(base) + off * static_cast<int64_t>(elem_size(s.dtype));
+}
+
+// s[r * kKeyTile + k] = q_r . k_k for rows [0, rows) and keys [0, nk); Dp is a multiple of the
+// vector length (zero padded).
+HWY_INLINE void scores(const float* HWY_RESTRICT q, const float* HWY_RESTRICT kt, int rows, int nk,
+                       int Dp, float* HWY_RESTRICT s) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float* q0 = q + static_cast<size_t>(r) * Dp;
+    const float* q1 = q0 + Dp;
+    const float* q2 = q1 + Dp;
+    const float* q3 = q2 + Dp;
+    for (int k = 0; k < nk; ++k) {
+      const float* kp = kt + static_cast<size_t>(k) * Dp;
+      auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+      for (int i = 0; i < Dp; i += N) {
+        const auto kv = hn::Load(d, kp + i);
+        a0 = hn::MulAdd(hn::Load(d, q0 + i), kv, a0);
+        a1 = hn::MulAdd(hn::Load(d, q1 + i), kv, a1);
+        a2 = hn::MulAdd(hn::Load(d, q2 + i), kv, a2);
+        a3 = hn::MulAdd(hn::Load(d, q3 + i), kv, a3);
+      }
+      s[(r + 0) * kKeyTile + k] = hn::GetLane(hn::SumOfLanes(d, a0));
+      s[(r + 1) * kKeyTile + k] = hn::GetLane(hn::SumOfLanes(d, a1));
+      s[(r + 2) * kKeyTile + k] = hn::GetLane(hn::SumOfLanes(d, a2));
+      s[(r + 3) * kKeyTile + k] = hn::GetLane(hn::SumOfLanes(d, a3));
+    }
+  }
+  for (; r < rows; ++r) {
+    const float* q0 = q + static_cast<size_t>(r) * Dp;
+    for (int k = 0; k < nk; ++k) {
+      const float* kp = kt + static_cast<size_t>(k) * Dp;
+      auto a0 = hn::Zero(d), a1 = hn::Zero(d);
+      int i = 0;
+      for (; i + 2 * N <= Dp; i += 2 * N) {
+        a0 = hn::MulAdd(hn::Load(d, q0 + i), hn::Load(d, kp + i), a0);
+        a1 = hn::MulAdd(hn::Load(d, q0 + i + N), hn::Load(d, kp + i + N), a1);
+      }
+      if (i < Dp) a0 = hn::MulAdd(hn::Load(d, q0 + i), hn::Load(d, kp + i), a0);
+      s[r * kKeyTile + k] = hn::GetLane(hn::SumOfLanes(d, hn::Add(a0, a1)));
+    }
+  }
+}
+
+// acc_r += sum_k p[r][k] * v_k for rows [0, rows).
+HWY_INLINE void accumulate(float* HWY_RESTRICT acc, const float* HWY_RESTRICT p,
+                           const float* HWY_RESTRICT vt, int rows, int nk, int Dp) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const float* p0 = p + r * kKeyTile;
+    for (int i = 0; i < Dp; i += N) {
+      float* c0 = acc + static_cast<size_t>(r) * Dp + i;
+      auto a0 = hn::Load(d, c0), a1 = hn::Load(d, c0 + Dp), a2 = hn::Load(d, c0 + 2 * Dp),
+           a3 = hn::Load(d, c0 + 3 * Dp);
+      for (int k = 0; k < nk; ++k) {
+        const auto v = hn::Load(d, vt + static_cast<size_t>(k) * Dp + i);
+        a0 = hn::MulAdd(hn::Set(d, p0[k]), v, a0);
+        a1 = hn::MulAdd(hn::Set(d, p0[kKeyTile + k]), v, a1);
+        a2 = hn::MulAdd(hn::Set(d, p0[2 * kKeyTile + k]), v, a2);
+        a3 = hn::MulAdd(hn::Set(d, p0[3 * kKeyTile + k]), v, a3);
+      }
+      hn::Store(a0, d, c0);
+      hn::Store(a1, d, c0 + Dp);
+      hn::Store(a2, d, c0 + 2 * Dp);
+      hn::Store(a3, d, c0 + 3 * Dp);
+    }
+  }
+  for (; r < rows; ++r) {
+    const float* p0 = p + r * kKeyTile;
+    for (int i = 0; i < Dp; i += N) {
+      float* c0 = acc + static_cast<size_t>(r) * Dp + i;
+      auto a0 = hn::Load(d, c0);
+      for (int k = 0; k < nk; ++k)
+        a0 = hn::MulAdd(hn::Set(d, p0[k]), hn::Load(d, vt + static_cast<size_t>(k) * Dp + i), a0);
+      hn::Store(a0, d, c0);
+    }
+  }
+}
+
+HWY_INLINE void scale_row(float* HWY_RESTRICT x, float f, int Dp) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const auto vf = hn::Set(d, f);
+  for (int i = 0; i < Dp; i += N) hn::Store(hn::Mul(hn::Load(d, x + i), vf), d, x + i);
+}
+
+// p = exp(s - m) in place for nk entries (the row is kKeyTile long, padded); returns the sum.
+HWY_INLINE float exp_row(float* HWY_RESTRICT s, float m, int nk) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const auto vm = hn::Set(d, m);
+  auto sum = hn::Zero(d);
+  int k = 0;
+  for (; k + N <= nk; k += N) {
+    const auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, s + k), vm));
+    hn::StoreU(p, d, s + k);
+    sum = hn::Add(sum, p);
+  }
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  for (; k < nk; ++k) {
+    const float p = s[k] == -std::numeric_limits<float>::infinity() ? 0.0f : expf(s[k] - m);
+    s[k] = p;
+    total += p;
+  }
+  return total;
+}
+
+void AttentionItem(const AttnItem& it, Scratch* sc) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const int D = it.head_size;
+  const int Dp = (D + N - 1) / N * N;
+  const int nh = it.h1 - it.h0;
+  const int ntok = it.tok1 - it.tok0;
+  const int rows = nh * ntok;
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t qsz = elem_size(it.dtype);
+
+  // Rows are (token t, head g) at r = t * nh + g. Load q (times the scale), zero accumulators.
+  for (int t = 0; t < ntok; ++t) {
+    for (int g = 0; g < nh; ++g) {
+      const int r = t * nh + g;
+      const char* qp = static_cast<const char*>(it.q) +
+                       ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
+                           static_cast<int64_t>(qsz);
+      float* qr = sc->q + static_cast<size_t>(r) * Dp;
+      load_row(qp, it.dtype, 1.0f, qr, D);
+      for (int i = D; i < Dp; ++i) qr[i] = 0.0f;
+      scale_row(qr, it.scale, Dp);
+      memset(sc->acc + static_cast<size_t>(r) * Dp, 0, sizeof(float) * static_cast<size_t>(Dp));
+      sc->m[r] = kNegInf;
+      sc->l[r] = 0.0f;
+    }
+  }
+  // Zero the padding of the K/V tiles once; load_row only writes the first D columns.
+  if (Dp != D) {
+    for (int k = 0; k < kKeyTile; ++k) {
+      for (int i = D; i < Dp; ++i) sc->kt[k * Dp + i] = sc->vt[k * Dp + i] = 0.0f;
+    }
+  }
+
+  // Key range any row of this item can see.
+  auto row_lo = [&](int t) -> int64_t {
+    if (!it.causal || it.window <= 0) return 0;
+    return std::max<int64_t>(0, static_cast<int64_t>(it.pos_offset) + it.tok0 + t - it.window + 1);
+  };
+  auto row_hi = [&](int t) -> int64_t {  // inclusive
+    if (!it.causal) return it.num_keys - 1;
+    return std::min<int64_t>(it.num_keys - 1, static_cast<int64_t>(it.pos_offset) + it.tok0 + t);
+  };
+  const int64_t kbeg = std::max(it.key0, row_lo(0));
+  const int64_t kend = std::min(it.key1, row_hi(ntok - 1) + 1);
+
+  for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
+    const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
+    for (int k = 0; k < nk; ++k) {
+      load_row(kv_addr(it.kv, false, kt0 + k, it.kv_head), it.kv.dtype, it.kv.k_scale,
+               sc->kt + static_cast<size_t>(k) * Dp, D);
+    }
+    scores(sc->q, sc->kt, rows, nk, Dp, sc->s);
+    bool any = false;
+    for (int t = 0; t < ntok; ++t) {
+      const int64_t lo = row_lo(t), hi = row_hi(t);
+      const int64_t pos = static_cast<int64_t>(it.pos_offset) + it.tok0 + t;
+      for (int g = 0; g < nh; ++g) {
+        const int r = t * nh + g;
+        float* s = sc->s + r * kKeyTile;
+        const float slope = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
+        float mt = kNegInf;
+        for (int k = 0; k < nk; ++k) {
+          const int64_t kp = kt0 + k;
+          float x = s[k];
+          if (kp < lo || kp > hi) {
+            x = kNegInf;
+          } else {
+            if (it.soft_cap > 0.0f) x = it.soft_cap * tanhf(x / it.soft_cap);
+            if (it.alibi != nullptr) x += slope * static_cast<float>(kp - pos);
+          }
+          s[k] = x;
+          mt = std::max(mt, x);
+        }
+        for (int k = nk; k < kKeyTile; ++k) s[k] = kNegInf;
+        if (mt == kNegInf) {  // nothing visible in this tile for this row
+          for (int k = 0; k < nk; ++k) s[k] = 0.0f;
+          continue;
+        }
+        any = true;
+        const float mnew = std::max(sc->m[r], mt);
+        if (sc->m[r] != mnew) {
+          const float alpha = sc->m[r] == kNegInf ? 0.0f : expf(sc->m[r] - mnew);
+          sc->l[r] *= alpha;
+          scale_row(sc->acc + static_cast<size_t>(r) * Dp, alpha, Dp);
+          sc->m[r] = mnew;
+        }
+        sc->l[r] += exp_row(s, mnew, nk);
+      }
+    }
+    if (!any) continue;
+    for (int k = 0; k < nk; ++k) {
+      load_row(kv_addr(it.kv, true, kt0 + k, it.kv_head), it.kv.dtype, it.kv.v_scale,
+               sc->vt + static_cast<size_t>(k) * Dp, D);
+    }
+    accumulate(sc->acc, sc->s, sc->vt, rows, nk, Dp);
+  }
+
+  // Write the result: normalised output (and lse), or the partial state for a later merge.
+  for (int t = 0; t < ntok; ++t) {
+    for (int g = 0; g < nh; ++g) {
+      const int r = t * nh + g;
+      const float* a = sc->acc + static_cast<size_t>(r) * Dp;
+      if (it.out == nullptr) {
+        memcpy(it.part_acc + static_cast<size_t>(r) * D, a, sizeof(float) * static_cast<size_t>(D));
+        it.part_m[r] = sc->m[r];
+        it.part_l[r] = sc->l[r];
+        continue;
+      }
+      const float l = sc->l[r];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      char* op = static_cast<char*>(it.out) +
+                 ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
+                     static_cast<int64_t>(qsz);
+      for (int i = 0; i < D; ++i) store_elem(op, i, it.dtype, a[i] * inv, 1.0f);
+      if (it.lse != nullptr) {
+        it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
+            l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
+      }
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace pa_cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace pa_cpu {
+
+HWY_EXPORT(AttentionItem);
+
+void attention_item(uint32_t target_index, const AttnItem& item, Scratch* scratch) {
+  HWY_DISPATCH_TABLE(AttentionItem)[target_index](item, scratch);
+}
+
+void attention_merge_parts(uint32_t /*target_index*/, const AttnItem& it, int n, const float* acc,
+                           int64_t part_stride, const float* m, const float* l,
+                           int64_t ml_stride) {
+  // Runs once per split item group over rows x D floats: scalar is plenty next to the key loop.
+  const int D = it.head_size;
+  const int nh = it.h1 - it.h0;
+  const int ntok = it.tok1 - it.tok0;
+  const size_t qsz = elem_size(it.dtype);
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int t = 0; t < ntok; ++t) {
+    for (int g = 0; g < nh; ++g) {
+      const int r = t * nh + g;
+      float mx = kNegInf;
+      for (int p = 0; p < n; ++p) mx = std::max(mx, m[p * ml_stride + r]);
+      float w[kMaxSplits];
+      float total = 0.0f;
+      for (int p = 0; p < n; ++p) {
+        const float mp = m[p * ml_stride + r];
+        w[p] = mp == kNegInf ? 0.0f : expf(mp - mx);
+        total += w[p] * l[p * ml_stride + r];
+      }
+      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+      char* op = static_cast<char*>(it.out) +
+                 ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
+                     static_cast<int64_t>(qsz);
+      for (int i = 0; i < D; ++i) {
+        float x = 0.0f;
+        for (int p = 0; p < n; ++p) {
+          if (w[p] != 0.0f) x += w[p] * acc[p * part_stride + static_cast<int64_t>(r) * D + i];
+        }
+        store_elem(op, i, it.dtype, x * inv, 1.0f);
+      }
+      if (it.lse != nullptr) {
+        it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
+            total > 0.0f ? mx + logf(total) : kNegInf;
+      }
+    }
+  }
+}
+
+}  // namespace pa_cpu
+#endif  // HWY_ONCE

@@ -1,0 +1,131 @@
+/* kernels/cpu/kernels.h — the CPU kernels' interface: plain argument structs, no handles and no
+ * statuses, so the built-in CPU backend and the oneDNN plugin can both call them.
+ *
+ * SIMD code is compiled once per Highway target (see targets.cpp); callers pick the target per
+ * call through `target_index` (from pa_cpu_target_select), so two backends forced to different
+ * targets in one process do not disturb each other. */
+#ifndef PAGEDATTN_KERNELS_CPU_KERNELS_H
+#define PAGEDATTN_KERNELS_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "plugin_abi.h"
+
+namespace pa_cpu {
+
+/* ---- targets (targets.cpp) ---- */
+
+/* The SIMD target a backend uses: its Highway bit, its name and its dispatch-table index. */
+struct Target {
+  int64_t bit;
+  const char* name;
+  uint32_t index;
+};
+
+/* Picks the best runnable target, or the one named (hwy::TargetName spelling: "AVX3", "AVX2",
+ * "SSE4", "SSSE3", "SCALAR"...). Returns false for a name that is unknown, not compiled in or not
+ * runnable on this CPU, and writes into msg (PA_MSG_LEN) which ones are runnable. */
+bool target_select(const char* name, Target* out, char* msg);
+
+/* ---- attention (attention.cpp) ---- */
+
+/* Where the keys and values of one sequence come from: the paged cache (table != NULL) or
+ * contiguous rows of the k/v tensors (table == NULL, key j at row row0 + j). */
+struct KVSource {
+  const void* k;               /* layer base (cache) or tensor data */
+  const void* v;
+  pagedattn_dtype dtype;
+  int64_t block_stride;        /* cache: block/slot/head strides; tensor: row/head strides */
+  int64_t slot_stride;
+  int64_t head_stride;
+  int64_t v_block_stride;      /* tensor v may have its own strides */
+  int64_t v_slot_stride;
+  int64_t v_head_stride;
+  const int32_t* table;        /* block ids of the sequence, or NULL */
+  int32_t block_size;
+  int64_t row0;
+  float k_scale;               /* fp8 only (1 otherwise) */
+  float v_scale;
+};
+
+/* Largest number of (token, head) rows one work item handles; sizes the scratch. */
+constexpr int kMaxRows = 64;
+/* Keys per tile in the flash loop. */
+constexpr int kKeyTile = 32;
+constexpr int kMaxHeadSize = 256;
+/* Most key splits of one sequence (split-KV). */
+constexpr int kMaxSplits = 64;
+
+/* Per-thread scratch: q, accumulators, score tile and converted K/V tiles. 64-byte aligned. */
+struct Scratch {
+  float q[kMaxRows * kMaxHeadSize];
+  float acc[kMaxRows * kMaxHeadSize];
+  float kt[kKeyTile * kMaxHeadSize];
+  float vt[kKeyTile * kMaxHeadSize];
+  float s[kMaxRows * kKeyTile];
+  float m[kMaxRows];
+  float l[kMaxRows];
+};
+
+/* One work item: query tokens [tok0, tok1) of a sequence (rows of q/out from q_row0) and query
+ * heads [h0, h1) of one KV head's group, over keys [key0, key1) of the sequence. */
+struct AttnItem {
+  /* Query / output. */
+  const void* q;
+  void* out;                  /* NULL: write the partial state into part_* instead */
+  pagedattn_dtype dtype;      /* q and out */
+  int64_t q_row_stride, q_head_stride, out_row_stride, out_head_stride;
+  float* lse;                 /* NULL when not requested */
+  int64_t lse_row_stride, lse_head_stride;
+  int64_t q_row0;             /* first row of this item's tokens */
+  int32_t tok0, tok1;         /* tokens within the sequence */
+  int32_t h0, h1;             /* query heads (all mapping to kv_head) */
+  int32_t kv_head;
+  int32_t head_size;
+  /* Masking. pos(token j) = pos_offset + j; causal: keys <= pos; window W > 0: pos - key < W. */
+  int32_t causal;
+  int32_t pos_offset;
+  int32_t window;
+  int64_t num_keys;           /* keys of the sequence */
+  int64_t key0, key1;         /* key range of this item (split-KV) */
+  float scale, soft_cap;
+  const float* alibi;         /* [num_heads] or NULL */
+  KVSource kv;
+  /* Partial output for split-KV: [rows][head_size] unnormalised accumulators, then m, l. */
+  float* part_acc;
+  float* part_m;
+  float* part_l;
+};
+
+/* Runs one work item with the given target. */
+void attention_item(uint32_t target_index, const AttnItem& item, Scratch* scratch);
+
+/* Combines `n` partial states (acc [rows][D] with stride part_stride floats between parts, m, l
+ * [rows] with stride ml_stride) into the output rows of `item` (its out/lse/heads/tokens). */
+void attention_merge_parts(uint32_t target_index, const AttnItem& item, int n,
+                           const float* acc, int64_t part_stride, const float* m,
+                           const float* l, int64_t ml_stride);
+
+/* ---- cache write (write.cpp) ---- */
+
+/* Stores rows [r0, r1) of k/v into the cache at the given slots (-1 skipped). */
+void cache_write_rows(uint32_t target_index, const pa_write_args& args, int64_t r0, int64_t r1);
+
+/* ---- block copies (copy.cpp) ---- */
+
+/* Copies block src of `from` to block dst of `to` (K and V, layer l), same dtype and geometry;
+ * strides/layouts may differ. */
+void copy_block(const pa_cache& to, int32_t dst, const pa_cache& from, int32_t src, int32_t layer);
+/* Packs (unpack = false) or unpacks one block of one layer, K then V, to/from `buf` in the
+ * cache's layout order (read_blocks' format). */
+void pack_block(const pa_cache& c, int32_t block, int32_t layer, void* buf, bool unpack);
+
+/* ---- merge states (merge.cpp) ---- */
+
+/* Merges rows [r0, r1) of the merge arguments. */
+void merge_rows(uint32_t target_index, const pa_merge_args& args, int64_t r0, int64_t r1);
+
+}  // namespace pa_cpu
+
+#endif  // PAGEDATTN_KERNELS_CPU_KERNELS_H

@@ -1,0 +1,61 @@
+// kernels/cpu/targets.cpp — choosing the Highway target of a CPU backend.
+//
+// Each backend keeps its own dispatch-table index instead of calling
+// hwy::SetSupportedTargetsForTest, which is process-global: forcing one backend to AVX2 must not
+// switch another backend (or the oneDNN plugin's use of these kernels) in the same process.
+#include <stdio.h>
+#include <string.h>
+
+#include <string>
+
+#include <hwy/highway.h>
+
+#include "kernels.h"
+
+namespace pa_cpu {
+
+namespace {
+
+uint32_t index_of(int64_t bit) {
+  const int64_t mask =
+      (HWY_CHOSEN_TARGET_SHIFT(bit) | HWY_CHOSEN_TARGET_MASK_SCALAR) & HWY_CHOSEN_TARGET_MASK_TARGETS;
+  return static_cast<uint32_t>(hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<uint64_t>(mask)));
+}
+
+}  // namespace
+
+bool target_select(const char* name, Target* out, char* msg) {
+  const int64_t runnable = hwy::SupportedTargets() & HWY_TARGETS;
+  if (name == nullptr || name[0] == '\0') {
+    const int64_t best = runnable & -runnable;  // lower bit = better target
+    out->bit = best;
+    out->name = hwy::TargetName(best);
+    out->index = index_of(best);
+    return true;
+  }
+  // The portable fallback is EMU128 or SCALAR depending on the compiler (Highway uses SCALAR
+  // with GCC < 12.3): accept either name for whichever one was compiled.
+  const bool portable = strcmp(name, "EMU128") == 0 || strcmp(name, "SCALAR") == 0;
+  for (int64_t t = runnable; t != 0; t &= t - 1) {
+    const int64_t bit = t & -t;
+    if (strcmp(hwy::TargetName(bit), name) == 0 ||
+        (portable && (bit == HWY_EMU128 || bit == HWY_SCALAR))) {
+      out->bit = bit;
+      out->name = hwy::TargetName(bit);
+      out->index = index_of(bit);
+      return true;
+    }
+  }
+  std::string list;
+  for (int64_t t = runnable; t != 0; t &= t - 1) {
+    if (!list.empty()) list += ", ";
+    list += hwy::TargetName(t & -t);
+  }
+  snprintf(msg, PA_MSG_LEN,
+           "PAGEDATTN_CPU_TARGET=%s is not a SIMD target this build can run on this CPU; "
+           "runnable targets: %s",
+           name, list.c_str());
+  return false;
+}
+
+}  // namespace pa_cpu
