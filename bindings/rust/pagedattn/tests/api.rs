@@ -1,0 +1,319 @@
+//! The safe API over the CPU backend: handles, errors, caches, batches, forward and merge.
+
+use pagedattn::{backends, AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, DeviceType,
+                Features, KvCache, Layout, Status, Tensor, TensorMut};
+
+fn cpu() -> Backend {
+    Backend::new("cpu").expect("cpu backend")
+}
+
+fn desc(layout: Layout) -> CacheDesc {
+    CacheDesc { num_layers: 2, num_blocks: 8, block_size: 4, num_kv_heads: 2, head_size: 8,
+                dtype: DType::F32, layout, flags: 0 }
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+    (0..n).map(|_| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }).collect()
+}
+
+#[test]
+fn version_matches_headers() {
+    let v = pagedattn::version();
+    assert_eq!(v.major, pagedattn::HEADER_VERSION.major);
+    assert_eq!(pagedattn::version_string(), v.to_string());
+}
+
+#[test]
+fn backend_list_and_capabilities() {
+    let list = backends().unwrap();
+    let cpu_info = list.iter().find(|b| b.name == "cpu").expect("cpu listed");
+    assert!(cpu_info.available && cpu_info.reason.is_empty());
+    for b in list.iter().filter(|b| !b.available) {
+        assert!(!b.reason.is_empty(), "{} unavailable without a reason", b.name);
+    }
+    let caps = cpu().capabilities().unwrap();
+    assert_eq!(caps.name, "cpu");
+    assert_eq!(caps.device.device_type, DeviceType::Cpu);
+    assert!(caps.supports_dtype(DType::F32) && caps.supports_cache_dtype(DType::F32));
+    assert!(caps.block_size_list().contains(&16) && caps.head_size_list().contains(&64));
+    assert!(caps.features.contains(Features::LSE));
+}
+
+#[test]
+fn unknown_backend_is_an_error_with_the_library_message() {
+    let err = Backend::new("no-such-backend").unwrap_err();
+    assert_eq!(err.status, Status::UnknownBackend);
+    assert_eq!(err.status.name(), "PAGEDATTN_ERROR_UNKNOWN_BACKEND");
+    assert!(err.message.contains("no-such-backend"), "message: {}", err.message);
+    assert!(err.to_string().starts_with("PAGEDATTN_ERROR_UNKNOWN_BACKEND: "));
+    // A name with an interior NUL never reaches C.
+    assert_eq!(Backend::new("c\0pu").unwrap_err().status, Status::InvalidArgument);
+}
+
+#[test]
+fn bad_options_are_refused() {
+    let opts = pagedattn::BackendOptions { num_threads: -1, ..Default::default() };
+    let err = Backend::with_options("cpu", &opts).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(!err.message.is_empty());
+    let bad = CacheDesc { block_size: 3, ..desc(Layout::Nhd) };
+    assert!(bad.bytes_per_block().is_err() || KvCache::new(&cpu(), &bad).is_err());
+}
+
+#[test]
+fn cache_geometry_and_layer_memory() {
+    let be = cpu();
+    for layout in [Layout::Nhd, Layout::Hnd] {
+        let d = desc(layout);
+        let cache = KvCache::new(&be, &d).unwrap();
+        assert_eq!(cache.desc().unwrap(), d);
+        assert_eq!(d.bytes_per_block().unwrap(), (2 * 2 * 4 * 2 * 8 * 4) as u64);
+        let mem = cache.layer_memory(1).unwrap();
+        assert_eq!(mem.strides, d.compact_strides());
+        assert!(!mem.k.is_null() && !mem.v.is_null());
+        assert_eq!(cache.layer_memory(2).unwrap_err().status, Status::OutOfRange);
+        // A new cache reads back as zeros.
+        assert!(cache.read_blocks_to_vec(&[0, 7]).unwrap().iter().all(|&b| b == 0));
+    }
+}
+
+#[test]
+fn write_read_copy_load_blocks() {
+    let be = cpu();
+    let d = desc(Layout::Nhd);
+    let mut cache = KvCache::new(&be, &d).unwrap();
+    let (k, v) = (values(3 * 16, 1), values(3 * 16, 2));
+    let slots = [5i64, -1, 30]; // block 1 slot 1; padding; block 7 slot 2
+    cache.write(1, &Tensor::new(&k, DType::F32, &[3, 2, 8]).unwrap(),
+                &Tensor::new(&v, DType::F32, &[3, 2, 8]).unwrap(), &Tensor::from_i64(&slots), 1.0, 1.0).unwrap();
+    let block_elems = 4 * 2 * 8; // one K (or V) block of one layer
+    let mut buf = vec![0f32; 2 * 2 * block_elems]; // one block id: 2 layers x {K, V}
+    cache.read_blocks(&[1], &mut buf).unwrap();
+    let layer1_k = &buf[2 * block_elems..3 * block_elems];
+    let layer1_v = &buf[3 * block_elems..];
+    assert_eq!(&layer1_k[16..32], &k[0..16]);
+    assert_eq!(&layer1_v[16..32], &v[0..16]);
+    assert!(buf[..2 * block_elems].iter().all(|&x| x == 0.0), "layer 0 untouched");
+
+    // Out-of-range slot: refused, nothing written.
+    let before = cache.read_blocks_to_vec(&(0..8).collect::<Vec<_>>()).unwrap();
+    let err = cache.write(0, &Tensor::new(&k, DType::F32, &[3, 2, 8]).unwrap(),
+        &Tensor::new(&v, DType::F32, &[3, 2, 8]).unwrap(), &Tensor::from_i32(&[0, 1, 32]), 1.0, 1.0).unwrap_err();
+    assert_eq!(err.status, Status::OutOfRange);
+    assert!(!err.message.is_empty());
+    assert_eq!(cache.read_blocks_to_vec(&(0..8).collect::<Vec<_>>()).unwrap(), before);
+
+    // Copy block 7 to 3 and check both layers moved.
+    cache.copy_blocks(&[[7, 3]]).unwrap();
+    assert_eq!(cache.read_blocks_to_vec(&[3]).unwrap(), cache.read_blocks_to_vec(&[7]).unwrap());
+    assert_eq!(cache.copy_blocks(&[[0, 5], [1, 5]]).unwrap_err().status, Status::InvalidArgument);
+    assert_eq!(cache.copy_blocks(&[[0, 8]]).unwrap_err().status, Status::OutOfRange);
+
+    // Load the exported block 1 into block 0 of another cache; swap it back into an HND cache.
+    let exported = cache.read_blocks_to_vec(&[1]).unwrap();
+    let mut other = KvCache::new(&be, &d).unwrap();
+    other.load_blocks(&[0], &exported).unwrap();
+    assert_eq!(other.read_blocks_to_vec(&[0]).unwrap(), exported);
+    assert_eq!(other.load_blocks(&[0], &exported[1..]).unwrap_err().status, Status::InvalidArgument);
+    let mut hnd = KvCache::new(&be, &CacheDesc { layout: Layout::Hnd, num_blocks: 2, ..d }).unwrap();
+    hnd.swap_blocks_from(&other, &[[0, 1]]).unwrap();
+    let mut back = KvCache::new(&be, &d).unwrap();
+    back.swap_blocks_from(&hnd, &[[1, 6]]).unwrap();
+    assert_eq!(back.read_blocks_to_vec(&[6]).unwrap(), exported);
+}
+
+#[test]
+fn wrapped_cache_writes_into_caller_memory() {
+    let be = cpu();
+    let d = CacheDesc { num_layers: 1, ..desc(Layout::Nhd) };
+    let n = (d.num_blocks * d.block_size * d.num_kv_heads * d.head_size) as usize;
+    let (mut k_mem, mut v_mem) = (vec![0f32; n], vec![0f32; n]);
+    let (k, v) = (values(16, 3), values(16, 4));
+    {
+        let mut cache = KvCache::wrap(&be, &d, vec![&mut k_mem[..]], vec![&mut v_mem[..]], None).unwrap();
+        cache.write(0, &Tensor::new(&k, DType::F32, &[1, 2, 8]).unwrap(),
+                    &Tensor::new(&v, DType::F32, &[1, 2, 8]).unwrap(), &Tensor::from_i64(&[9]), 1.0, 1.0).unwrap();
+    }
+    assert_eq!(&k_mem[9 * 16..10 * 16], &k[..]);
+    assert_eq!(&v_mem[9 * 16..10 * 16], &v[..]);
+    // Too-short memory and the wrong element type are refused before reaching C.
+    let mut short = vec![0f32; n - 1];
+    let mut v2 = vec![0f32; n];
+    assert_eq!(KvCache::wrap(&be, &d, vec![&mut short[..]], vec![&mut v2[..]], None).unwrap_err().status,
+               Status::InvalidArgument);
+    let (mut a, mut b) = (vec![0u16; n], vec![0u16; n]);
+    assert_eq!(KvCache::wrap(&be, &d, vec![&mut a[..]], vec![&mut b[..]], None).unwrap_err().status,
+               Status::BadTensor);
+}
+
+#[test]
+fn batch_plan_update_and_capacity() {
+    let be = cpu();
+    let cache = KvCache::new(&be, &desc(Layout::Nhd)).unwrap();
+    let tables = [3, 5, 0, 6, 1, 2];
+    let mut batch = Batch::new(&be, Some(&cache), None, &BatchDesc {
+        query_lens: &[1, 3],
+        context_lens: &[6, 2],
+        block_tables: Some(&tables),
+        block_table_stride: 3,
+        max_num_seqs: 4,
+        max_num_tokens: 8,
+        max_blocks_per_seq: 3,
+        ..BatchDesc::default()
+    }).unwrap();
+    let info = batch.info().unwrap();
+    assert_eq!((info.num_seqs, info.num_tokens, info.num_decode_seqs, info.num_prefill_seqs), (2, 4, 1, 1));
+    assert_eq!((info.max_query_len, info.max_seq_len, info.block_size), (3, 7, 4));
+    // Position 6 of seq 0 -> table[1] = 5, slot 5*4+2; seq 1 positions 2,3,4 -> 6*4+2, 6*4+3, 1*4+0.
+    assert_eq!(batch.slot_mapping().unwrap(), &[22, 26, 27, 4]);
+    assert_eq!(batch.query_start().unwrap(), &[0, 1, 4]);
+    assert!(batch.cross_slot_mapping().unwrap().is_empty());
+
+    batch.update(&BatchDesc { query_lens: &[1], context_lens: &[0], block_tables: Some(&[7]),
+                              block_table_stride: 1, ..BatchDesc::default() }).unwrap();
+    assert_eq!(batch.slot_mapping().unwrap(), &[28]);
+    let err = batch.update(&BatchDesc { query_lens: &[9], context_lens: &[0], block_tables: Some(&tables),
+                                        block_table_stride: 3, ..BatchDesc::default() }).unwrap_err();
+    assert_eq!(err.status, Status::Capacity);
+    assert_eq!(batch.slot_mapping().unwrap(), &[28], "a failed update keeps the old contents");
+
+    // Block id outside the cache; short table; mismatched lengths caught by the binding.
+    let e = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[0],
+        block_tables: Some(&[8]), block_table_stride: 1, ..BatchDesc::default() }).unwrap_err();
+    assert_eq!(e.status, Status::OutOfRange);
+    let e = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[4],
+        block_tables: Some(&[0]), block_table_stride: 1, ..BatchDesc::default() }).unwrap_err();
+    assert_eq!(e.status, Status::OutOfRange);
+    let e = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1, 1], context_lens: &[0],
+        ..BatchDesc::default() }).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument);
+    assert!(e.message.contains("Rust binding"));
+}
+
+/// Decode with prefix in the cache, checked against a float64 reference; then lse and merging.
+#[test]
+fn forward_matches_reference_and_merge_states() {
+    let be = cpu();
+    let (h, hkv, dd) = (4usize, 2usize, 8usize);
+    let d = CacheDesc { num_layers: 1, ..desc(Layout::Hnd) };
+    let mut cache = KvCache::new(&be, &d).unwrap();
+    let ctx = 6usize; // one sequence: 6 cached tokens in blocks 5, 2 + one new token
+    let tables = [5, 2];
+    let keys = values((ctx + 1) * hkv * dd, 10);
+    let vals = values((ctx + 1) * hkv * dd, 11);
+    let slots: Vec<i64> = (0..ctx).map(|p| tables[p / 4] as i64 * 4 + (p % 4) as i64).collect();
+    let row = hkv * dd;
+    cache.write(0, &Tensor::new(&keys[..ctx * row], DType::F32, &[ctx, hkv, dd]).unwrap(),
+                &Tensor::new(&vals[..ctx * row], DType::F32, &[ctx, hkv, dd]).unwrap(),
+                &Tensor::from_i64(&slots), 1.0, 1.0).unwrap();
+    let batch = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[ctx as i32],
+        block_tables: Some(&tables), block_table_stride: 2, ..BatchDesc::default() }).unwrap();
+    let q = values(h * dd, 12);
+    let mut out = vec![f32::NAN; h * dd];
+    let mut lse = vec![f32::NAN; h];
+    let opts = AttentionOptions::new(h as i32, hkv as i32, dd as i32);
+    be.forward(&batch, Some(&mut cache), 0, &opts, &Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
+               Some(&Tensor::new(&keys[ctx * row..], DType::F32, &[1, hkv, dd]).unwrap()),
+               Some(&Tensor::new(&vals[ctx * row..], DType::F32, &[1, hkv, dd]).unwrap()),
+               &mut TensorMut::new(&mut out, DType::F32, &[1, h, dd]).unwrap(),
+               Some(&mut TensorMut::new(&mut lse, DType::F32, &[1, h]).unwrap())).unwrap();
+    let scale = 1.0 / (dd as f64).sqrt();
+    for hh in 0..h {
+        let kh = hh / (h / hkv);
+        let s: Vec<f64> = (0..=ctx).map(|p| (0..dd).map(|i| q[hh * dd + i] as f64 * keys[p * row + kh * dd + i] as f64).sum::<f64>() * scale).collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        assert!((lse[hh] as f64 - (m + sum.ln())).abs() < 1e-5, "lse head {hh}");
+        for i in 0..dd {
+            let r: f64 = (0..=ctx).map(|p| (s[p] - m).exp() / sum * vals[p * row + kh * dd + i] as f64).sum();
+            assert!((out[hh * dd + i] as f64 - r).abs() < 1e-5, "out head {hh} dim {i}");
+        }
+    }
+    // Wrong head count: refused, out untouched.
+    let mut out2 = vec![f32::NAN; h * dd];
+    let bad = AttentionOptions::new(h as i32, 3, dd as i32);
+    let err = be.forward(&batch, Some(&mut cache), 0, &bad, &Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
+        None, None, &mut TensorMut::new(&mut out2, DType::F32, &[1, h, dd]).unwrap(), None).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(out2.iter().all(|x| x.is_nan()));
+
+    // Merging a state with itself adds ln 2 to lse and keeps out; with an empty state keeps both.
+    let mut merged = vec![0f32; h * dd];
+    let mut merged_lse = vec![0f32; h];
+    let o = Tensor::new(&out, DType::F32, &[1, h, dd]).unwrap();
+    let l = Tensor::new(&lse, DType::F32, &[1, h]).unwrap();
+    be.merge_states(&mut TensorMut::new(&mut merged, DType::F32, &[1, h, dd]).unwrap(),
+                    Some(&mut TensorMut::new(&mut merged_lse, DType::F32, &[1, h]).unwrap()), &o, &l, &o, &l).unwrap();
+    for i in 0..h * dd {
+        assert!((merged[i] - out[i]).abs() < 1e-6);
+    }
+    for i in 0..h {
+        assert!((merged_lse[i] - lse[i] - std::f32::consts::LN_2).abs() < 1e-5);
+    }
+    let empty = vec![f32::NEG_INFINITY; h];
+    let zeros = vec![0f32; h * dd];
+    be.merge_states(&mut TensorMut::new(&mut merged, DType::F32, &[1, h, dd]).unwrap(), None, &o, &l,
+                    &Tensor::new(&zeros, DType::F32, &[1, h, dd]).unwrap(),
+                    &Tensor::new(&empty, DType::F32, &[1, h]).unwrap()).unwrap();
+    assert_eq!(merged, out);
+}
+
+#[test]
+fn tensors_are_checked_before_reaching_c() {
+    let data = vec![0f32; 10];
+    assert_eq!(Tensor::new(&data, DType::F32, &[3, 3]).unwrap_err().status, Status::BadTensor);
+    assert_eq!(Tensor::new(&data, DType::F16, &[10]).unwrap_err().status, Status::BadTensor);
+    assert!(Tensor::with_strides(&data, DType::F32, &[2, 3], &[4, 1]).is_ok());
+    assert_eq!(Tensor::with_strides(&data, DType::F32, &[2, 3], &[8, 1]).unwrap_err().status, Status::BadTensor);
+    let halves = vec![0u16; 6];
+    assert_eq!(Tensor::new(&halves, DType::BF16, &[2, 3]).unwrap().dtype(), DType::BF16.to_dlpack());
+}
+
+#[test]
+fn dtypes_round_trip_through_dlpack() {
+    for dt in DType::ALL {
+        assert_eq!(DType::from_dlpack(dt.to_dlpack()).unwrap(), dt);
+        assert!(!dt.name().is_empty());
+    }
+    assert_eq!(DType::F32.size(), 4);
+    assert_eq!(DType::Fp8E5M2.size(), 1);
+    let err = DType::from_dlpack(pagedattn::DataType::I32).unwrap_err();
+    assert_eq!(err.status, Status::Unsupported);
+}
+
+#[test]
+fn handles_are_send_and_sync_and_usable_from_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Backend>();
+    assert_send_sync::<KvCache<'static>>();
+    assert_send_sync::<Batch<'static>>();
+    let be = cpu();
+    std::thread::scope(|s| {
+        for seed in 0..2u64 {
+            let be = &be;
+            s.spawn(move || {
+                let mut cache = KvCache::new(be, &desc(Layout::Nhd)).unwrap();
+                let k = values(16, seed);
+                cache.write(0, &Tensor::new(&k, DType::F32, &[1, 2, 8]).unwrap(),
+                            &Tensor::new(&k, DType::F32, &[1, 2, 8]).unwrap(), &Tensor::from_i64(&[0]), 1.0, 1.0).unwrap();
+                // Errors are per thread: this thread's failure carries its own message.
+                assert_eq!(cache.copy_blocks(&[[0, 99]]).unwrap_err().status, Status::OutOfRange);
+            });
+        }
+    });
+}
+
+#[test]
+fn raw_calls_through_sys_report_errors() {
+    // A NULL handle can only be passed through the raw API; `check` turns it into an Error.
+    let err = pagedattn::check(unsafe { pagedattn::sys::pagedattn_kv_cache_copy_blocks(std::ptr::null_mut(), std::ptr::null(), 0, std::ptr::null_mut()) }).unwrap_err();
+    assert_eq!(err.status, Status::NullPointer);
+    assert!(!err.message.is_empty());
+}
