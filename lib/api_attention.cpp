@@ -1,0 +1,302 @@
+/* lib/api_attention.cpp — entry points of attention.h: forward (options, handles, attention-type
+ * rules, tensors and capabilities checked, then one backend op) and merge_states. */
+#include <cmath>
+#include <mutex>
+
+#include "handles.h"
+#include "validate.h"
+
+namespace pa {
+
+namespace {
+
+const char* type_name(pagedattn_attention_type t) {
+  switch (t) {
+    case PAGEDATTN_ATTENTION_DECODER: return "decoder";
+    case PAGEDATTN_ATTENTION_ENCODER: return "encoder";
+    case PAGEDATTN_ATTENTION_ENCODER_ONLY: return "encoder-only";
+    case PAGEDATTN_ATTENTION_CROSS: return "cross";
+  }
+  return "unknown";
+}
+
+void need_feature(const pagedattn_backend* b, uint32_t bit, const char* what) {
+  if (!(b->caps.features & bit))
+    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: %s is not supported by this backend", backend_name(b),
+         what);
+}
+
+void check_dtype_supported(const pagedattn_backend* b, pagedattn_dtype dt, const char* name) {
+  if (!(b->caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)))
+    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: %s dtype %s is not supported (supported: %s)",
+         backend_name(b), name, dtype_name(dt), dtype_mask_names(b->caps.dtypes).c_str());
+}
+
+void check_finite_positive(float x, const char* name) {
+  if (!std::isfinite(x) || !(x > 0.0f))
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->%s = %g must be finite and > 0", name,
+         static_cast<double>(x));
+}
+
+/* A cache used by a forward must be the one (geometry) the batch was planned with. */
+void check_planned_geometry(const pagedattn_kv_cache* c, const Geometry& g, const char* what) {
+  if (!g.present)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "the batch was planned without a %s", what);
+  if (c->desc.block_size != g.block_size)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "cache block_size %d != %d of the %s the batch was planned with", c->desc.block_size,
+         g.block_size, what);
+  if (c->desc.num_blocks != g.num_blocks)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "cache num_blocks %d != %d of the %s the batch was planned with", c->desc.num_blocks,
+         g.num_blocks, what);
+}
+
+}  // namespace
+
+}  // namespace pa
+
+extern "C" {
+
+PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(
+    pagedattn_attention_options* opts) {
+  return pa::guard([&] {
+    if (!opts) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "opts is NULL");
+    std::memset(opts, 0, sizeof *opts);
+    opts->struct_size = sizeof *opts;
+    opts->attention_type = PAGEDATTN_ATTENTION_DECODER;
+    opts->write_kv = 1;
+    opts->k_scale = 1.0f;
+    opts->v_scale = 1.0f;
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
+                                                const pagedattn_batch* batch,
+                                                pagedattn_kv_cache* cache, int32_t layer,
+                                                const pagedattn_attention_options* opts,
+                                                const pagedattn_tensor* q,
+                                                const pagedattn_tensor* k,
+                                                const pagedattn_tensor* v,
+                                                pagedattn_tensor* out, pagedattn_tensor* lse,
+                                                void* stream) {
+  return pa::guard([&] {
+    pagedattn_backend* b = pa::check_backend(backend, "backend");
+    const pagedattn_batch* h = pa::check_batch(batch, "batch");
+    if (h->backend != b)
+      pa::fail(PAGEDATTN_ERROR_INVALID_HANDLE, "batch belongs to another backend (%s)",
+               pa::backend_name(h->backend));
+    const pagedattn_attention_options o = pa::read_struct(opts, "opts");
+    const pagedattn_attention_type type = o.attention_type;
+    if (type != PAGEDATTN_ATTENTION_DECODER && type != PAGEDATTN_ATTENTION_ENCODER &&
+        type != PAGEDATTN_ATTENTION_ENCODER_ONLY && type != PAGEDATTN_ATTENTION_CROSS)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->attention_type = %d is not valid",
+               static_cast<int>(type));
+    const bool decoder = type == PAGEDATTN_ATTENTION_DECODER;
+    const bool encoder_like =
+        type == PAGEDATTN_ATTENTION_ENCODER || type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
+    const bool cross = type == PAGEDATTN_ATTENTION_CROSS;
+    if (o.flags != 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->flags = 0x%x, must be 0", o.flags);
+    if (o.num_heads <= 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_heads = %d <= 0", o.num_heads);
+    if (o.num_kv_heads <= 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_kv_heads = %d <= 0", o.num_kv_heads);
+    if (o.head_size <= 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->head_size = %d <= 0", o.head_size);
+    if (o.num_heads % o.num_kv_heads != 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "opts->num_heads %d is not a multiple of opts->num_kv_heads %d", o.num_heads,
+               o.num_kv_heads);
+    if (!std::isfinite(o.scale) || o.scale < 0.0f)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->scale = %g must be finite and >= 0",
+               static_cast<double>(o.scale));
+    if (!std::isfinite(o.soft_cap) || o.soft_cap < 0.0f)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->soft_cap = %g must be finite and >= 0",
+               static_cast<double>(o.soft_cap));
+    if (o.sliding_window < 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->sliding_window = %d < 0",
+               o.sliding_window);
+    if (o.write_kv != 0 && o.write_kv != 1)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->write_kv = %d is not 0 or 1", o.write_kv);
+    pa::check_finite_positive(o.k_scale, "k_scale");
+    pa::check_finite_positive(o.v_scale, "v_scale");
+    if (!decoder && o.alibi_slopes)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "opts->alibi_slopes is set but ALiBi applies to decoder attention only (type %s)",
+               pa::type_name(type));
+    if (!decoder && o.sliding_window > 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "opts->sliding_window = %d but a window applies to decoder attention only (type "
+               "%s)",
+               o.sliding_window, pa::type_name(type));
+    if (type == PAGEDATTN_ATTENTION_ENCODER_ONLY && o.write_kv)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "opts->write_kv = 1 with encoder-only attention (it has no cache)");
+    const pa_batch& pb = h->pb;
+    if (encoder_like && !pb.all_context_zero)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "%s attention needs every context_len == 0 in the batch", pa::type_name(type));
+
+    /* The cache. */
+    const bool uses_cache = type != PAGEDATTN_ATTENTION_ENCODER_ONLY;
+    pagedattn_kv_cache* c = nullptr;
+    if (uses_cache) {
+      c = pa::check_cache(cache, "cache");
+      if (c->backend != b)
+        pa::fail(PAGEDATTN_ERROR_INVALID_HANDLE, "cache belongs to another backend (%s)",
+                 pa::backend_name(c->backend));
+      if (layer < 0 || layer >= c->desc.num_layers)
+        pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = %d is not in [0, %d)", layer,
+                 c->desc.num_layers);
+      if (c->pc.host)
+        pa::fail(PAGEDATTN_ERROR_WRONG_DEVICE,
+                 "cache is a host cache (%s); attention needs it on %s",
+                 pa::device_str(c->pc.device).c_str(), pa::device_str(b->caps.device).c_str());
+      if (cross) {
+        if (!pb.encoder_lens)
+          pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                   "cross attention needs a batch planned with encoder_lens");
+        pa::check_planned_geometry(c, h->cross, "cross cache");
+      } else {
+        pa::check_planned_geometry(c, h->self, "cache");
+      }
+      if (o.head_size != c->desc.head_size)
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->head_size %d != cache head_size %d",
+                 o.head_size, c->desc.head_size);
+      if (o.num_kv_heads != c->desc.num_kv_heads)
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                 "opts->num_kv_heads %d != cache num_kv_heads %d", o.num_kv_heads,
+                 c->desc.num_kv_heads);
+    }
+
+    /* Tensors. */
+    const int64_t T = pb.num_tokens;
+    const int32_t H = o.num_heads, Hkv = o.num_kv_heads, D = o.head_size;
+    const pagedattn_device& dev = b->caps.device;
+    const pagedattn_dtype dt = pa::tensor_float_dtype(q, "q");
+    pa_forward_args a;
+    std::memset(&a, 0, sizeof a);
+    a.q = pa::resolve3(q, "q", T, H, D, dt, dev);
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    const pagedattn_dtype odt = pa::tensor_float_dtype(out, "out");
+    if (odt != dt)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "out: dtype %s != q dtype %s", pa::dtype_name(odt),
+               pa::dtype_name(dt));
+    a.out = pa::resolve3(out, "out", T, H, D, dt, dev);
+    const int64_t kv_rows = cross ? pb.num_encoder_tokens : T;
+    const bool need_kv = encoder_like || (o.write_kv && kv_rows > 0);
+    if (need_kv) {
+      if (!k) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "k is NULL (needed by %s%s)",
+                       o.write_kv ? "write_kv" : "", encoder_like ? " encoder attention" : "");
+      if (!v) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "v is NULL (needed by %s%s)",
+                       o.write_kv ? "write_kv" : "", encoder_like ? " encoder attention" : "");
+      const pagedattn_dtype kdt = pa::tensor_float_dtype(k, "k");
+      if (kdt != dt)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "k: dtype %s != q dtype %s", pa::dtype_name(kdt),
+                 pa::dtype_name(dt));
+      const pagedattn_dtype vdt = pa::tensor_float_dtype(v, "v");
+      if (vdt != dt)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "v: dtype %s != q dtype %s", pa::dtype_name(vdt),
+                 pa::dtype_name(dt));
+      a.k = pa::resolve3(k, "k", kv_rows, Hkv, D, dt, dev);
+      a.v = pa::resolve3(v, "v", kv_rows, Hkv, D, dt, dev);
+    } else {
+      a.k.dtype = a.v.dtype = dt;
+      a.k.heads = a.v.heads = Hkv;
+      a.k.dim = a.v.dim = D;
+    }
+    if (lse) a.lse = pa::resolve_lse(lse, "lse", T, H, dev);
+    if (c) {
+      const pagedattn_dtype cdt = c->desc.dtype;
+      const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
+      if (!fp8 && cdt != dt)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype %s != cache dtype %s", pa::dtype_name(dt),
+                 pa::dtype_name(cdt));
+    }
+    if (o.alibi_slopes) {
+      const pagedattn_tensor& s = *o.alibi_slopes;
+      if (s.ndim != 1 || !s.shape || s.shape[0] != H)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: shape must be [%d] (num_heads)",
+                 H);
+      if (s.dtype.code != PAGEDATTN_DLPACK_FLOAT || s.dtype.bits != 32 || s.dtype.lanes != 1)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: dtype must be float32");
+      if (s.strides && s.strides[0] != 1 && H > 1)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: stride %lld != 1",
+                 static_cast<long long>(s.strides[0]));
+      pa::check_device(s.device, dev, "opts->alibi_slopes", "the backend");
+      if (!s.data) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "opts->alibi_slopes->data is NULL");
+      a.alibi_slopes =
+          reinterpret_cast<const float*>(static_cast<const char*>(s.data) + s.byte_offset);
+    }
+
+    /* What the backend can do. */
+    pa::check_dtype_supported(b, dt, "q");
+    if (o.soft_cap > 0.0f) pa::need_feature(b, PAGEDATTN_FEATURE_SOFT_CAP, "soft cap");
+    if (o.alibi_slopes) pa::need_feature(b, PAGEDATTN_FEATURE_ALIBI, "ALiBi");
+    if (o.sliding_window > 0)
+      pa::need_feature(b, PAGEDATTN_FEATURE_SLIDING_WINDOW, "sliding window");
+    if (cross) pa::need_feature(b, PAGEDATTN_FEATURE_CROSS_ATTENTION, "cross attention");
+    if (encoder_like) pa::need_feature(b, PAGEDATTN_FEATURE_ENCODER, "encoder attention");
+    if (lse) pa::need_feature(b, PAGEDATTN_FEATURE_LSE, "log-sum-exp output");
+    if (decoder && h->plan.has_chunked_prefill)
+      pa::need_feature(b, PAGEDATTN_FEATURE_CHUNKED_PREFILL,
+                       "chunked prefill (query_len > 1 with context_len > 0)");
+    if (c) pa::check_cache_caps(c->desc, b->caps);
+
+    a.batch = &pb;
+    a.cache = c ? &c->pc : nullptr;
+    a.layer = c ? layer : 0;
+    a.num_heads = H;
+    a.num_kv_heads = Hkv;
+    a.head_size = D;
+    a.scale = o.scale > 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(D));
+    a.soft_cap = o.soft_cap;
+    a.sliding_window = o.sliding_window;
+    a.attention_type = type;
+    a.write_kv = o.write_kv;
+    a.k_scale = o.k_scale;
+    a.v_scale = o.v_scale;
+    a.stream = stream;
+    std::lock_guard<std::mutex> lock(h->in_use);
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->forward(b->state, &a, msg), pa::backend_name(b), "forward", msg);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_merge_states(pagedattn_backend* backend,
+                                                     pagedattn_tensor* out,
+                                                     pagedattn_tensor* lse_out,
+                                                     const pagedattn_tensor* o1,
+                                                     const pagedattn_tensor* lse1,
+                                                     const pagedattn_tensor* o2,
+                                                     const pagedattn_tensor* lse2,
+                                                     void* stream) {
+  return pa::guard([&] {
+    pagedattn_backend* b = pa::check_backend(backend, "backend");
+    const pagedattn_device& dev = b->caps.device;
+    const pagedattn_dtype dt = pa::tensor_float_dtype(o1, "o1");
+    if (o1->ndim != 3 || !o1->shape)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "o1: ndim %d != 3 (expected [T, H, D])", o1->ndim);
+    const int64_t T = o1->shape[0];
+    const int64_t H = o1->shape[1], D = o1->shape[2];
+    if (T < 0 || H <= 0 || D <= 0 || H > INT32_MAX || D > INT32_MAX)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "o1: shape [%lld, %lld, %lld] is not a valid [T, H, D]",
+               static_cast<long long>(T), static_cast<long long>(H), static_cast<long long>(D));
+    pa_merge_args a;
+    std::memset(&a, 0, sizeof a);
+    a.o1 = pa::resolve3(o1, "o1", T, static_cast<int32_t>(H), static_cast<int32_t>(D), dt, dev);
+    a.o2 = pa::resolve3(o2, "o2", T, static_cast<int32_t>(H), static_cast<int32_t>(D), dt, dev);
+    a.out = pa::resolve3(out, "out", T, static_cast<int32_t>(H), static_cast<int32_t>(D), dt, dev);
+    a.lse1 = pa::resolve_lse(lse1, "lse1", T, static_cast<int32_t>(H), dev);
+    a.lse2 = pa::resolve_lse(lse2, "lse2", T, static_cast<int32_t>(H), dev);
+    if (lse_out) a.lse_out = pa::resolve_lse(lse_out, "lse_out", T, static_cast<int32_t>(H), dev);
+    pa::check_dtype_supported(b, dt, "o1");
+    pa::need_feature(b, PAGEDATTN_FEATURE_MERGE_STATES, "merge_states");
+    a.stream = stream;
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->merge_states(b->state, &a, msg), pa::backend_name(b), "merge_states", msg);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,203 @@
+/* lib/api_backend.cpp — entry points of backend.h (list, create, destroy, capabilities,
+ * synchronize) and the handle checks / reference counting shared by the other entry points. */
+#include <memory>
+#include <set>
+#include <mutex>
+#include <string>
+
+#include "handles.h"
+#include "registry.h"
+
+namespace pa {
+
+pagedattn_backend* check_backend(const pagedattn_backend* b, const char* name) {
+  if (!b) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  if (b->magic != kBackendMagic)
+    fail(PAGEDATTN_ERROR_INVALID_HANDLE, "%s was destroyed or is not a pagedattn_backend", name);
+  return const_cast<pagedattn_backend*>(b);
+}
+
+pagedattn_kv_cache* check_cache(const pagedattn_kv_cache* c, const char* name) {
+  if (!c) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  if (c->magic != kCacheMagic)
+    fail(PAGEDATTN_ERROR_INVALID_HANDLE, "%s was destroyed or is not a pagedattn_kv_cache", name);
+  return const_cast<pagedattn_kv_cache*>(c);
+}
+
+pagedattn_batch* check_batch(const pagedattn_batch* b, const char* name) {
+  if (!b) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  if (b->magic != kBatchMagic)
+    fail(PAGEDATTN_ERROR_INVALID_HANDLE, "%s was destroyed or is not a pagedattn_batch", name);
+  return const_cast<pagedattn_batch*>(b);
+}
+
+void backend_retain(pagedattn_backend* b) noexcept { b->refs.fetch_add(1); }
+
+void backend_release(pagedattn_backend* b) noexcept {
+  if (b->refs.fetch_sub(1) != 1) return;
+  b->ops->destroy(b->state);
+  b->magic = 0;
+  delete b;
+}
+
+void backend_reserve(pagedattn_backend* b, uint64_t bytes) {
+  const uint64_t limit = b->opts.memory_limit;
+  uint64_t used = b->mem_used.load();
+  for (;;) {
+    uint64_t next = used + bytes;
+    if (next < used || (limit != 0 && next > limit))
+      fail(PAGEDATTN_ERROR_OUT_OF_MEMORY,
+           "%s: allocating %llu bytes exceeds memory_limit %llu (%llu bytes in use)",
+           backend_name(b), static_cast<unsigned long long>(bytes),
+           static_cast<unsigned long long>(limit), static_cast<unsigned long long>(used));
+    if (b->mem_used.compare_exchange_weak(used, next)) return;
+  }
+}
+
+void backend_unreserve(pagedattn_backend* b, uint64_t bytes) noexcept {
+  b->mem_used.fetch_sub(bytes);
+}
+
+const char* intern(const std::string& s) {
+  /* Set nodes never move and are never erased, so the pointers stay valid. */
+  static std::mutex mu;
+  static std::set<std::string>* strings = new std::set<std::string>();
+  std::lock_guard<std::mutex> lock(mu);
+  return strings->insert(s).first->c_str();
+}
+
+namespace {
+
+/* Loads, probes and creates backend `index`; returns the new handle. */
+pagedattn_backend* create_one(int32_t index, const pagedattn_backend_options& opts) {
+  const pa_backend_ops* ops = backend_ops(index);
+  const char* name = backend_name_at(index);
+  char msg[PA_MSG_LEN] = {0};
+  pagedattn_status st = ops->probe(opts.device_index, msg);
+  if (st != PAGEDATTN_OK) check_op(st, name, "probe", msg);
+  std::unique_ptr<pagedattn_backend> b(new pagedattn_backend());
+  void* state = nullptr;
+  msg[0] = '\0';
+  st = ops->create(&state, &opts, msg);
+  check_op(st, name, "create", msg);
+  b->magic = kBackendMagic;
+  b->ops = ops;
+  b->state = state;
+  b->refs.store(1);
+  b->opts = opts;
+  b->mem_used.store(0);
+  std::memset(&b->caps, 0, sizeof b->caps);
+  ops->get_capabilities(state, &b->caps);
+  b->caps.struct_size = sizeof(pagedattn_capabilities);
+  if (!b->caps.name) b->caps.name = name;
+  return b.release();
+}
+
+}  // namespace
+
+}  // namespace pa
+
+extern "C" {
+
+PAGEDATTN_API pagedattn_status pagedattn_backend_options_init(pagedattn_backend_options* opts) {
+  return pa::guard([&] {
+    if (!opts) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "opts is NULL");
+    std::memset(opts, 0, sizeof *opts);
+    opts->struct_size = sizeof *opts;
+  });
+}
+
+PAGEDATTN_API int32_t pagedattn_backend_count(void) { return pa::kNumBackends; }
+
+PAGEDATTN_API pagedattn_status pagedattn_backend_get_info(pagedattn_backend_info* out,
+                                                         int32_t index) {
+  return pa::guard([&] {
+    pa::check_out_struct(out, "out");
+    if (index < 0 || index >= pa::kNumBackends)
+      pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "index = %d is not in [0, %d)", index,
+               pa::kNumBackends);
+    pagedattn_backend_info info;
+    std::memset(&info, 0, sizeof info);
+    info.name = pa::backend_name_at(index);
+    info.available = 0;
+    info.reason = "";
+    try {
+      const pa_backend_ops* ops = pa::backend_ops(index);
+      char msg[PA_MSG_LEN] = {0};
+      if (ops->probe(0, msg) == PAGEDATTN_OK)
+        info.available = 1;
+      else
+        info.reason = pa::intern(msg[0] ? msg : "probe of device 0 failed");
+    } catch (const pa::Error& e) {
+      info.reason = pa::intern(e.msg);
+    }
+    pa::write_struct(out, info);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_backend_create(pagedattn_backend** out, const char* name,
+                                                       const pagedattn_backend_options* opts) {
+  return pa::guard([&] {
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    if (!name) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "name is NULL");
+    pagedattn_backend_options o;
+    if (opts) {
+      o = pa::read_struct(opts, "opts");
+    } else {
+      std::memset(&o, 0, sizeof o);
+    }
+    o.struct_size = sizeof o;
+    if (o.device_index < 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->device_index = %d < 0", o.device_index);
+    if (o.num_threads < 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_threads = %d < 0", o.num_threads);
+    if (o.flags != 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->flags = 0x%x, must be 0", o.flags);
+    if (std::strcmp(name, "auto") == 0) {
+      /* First that creates successfully of cuda, hip, cpu. */
+      static const int32_t order[] = {2, 3, 0};
+      std::string reasons;
+      for (int32_t idx : order) {
+        try {
+          *out = pa::create_one(idx, o);
+          return;
+        } catch (const pa::Error& e) {
+          reasons += (reasons.empty() ? "" : "; ") + e.msg;
+          if (idx == 0) pa::fail(e.status, "auto: no backend could be created: %s", reasons.c_str());
+        }
+      }
+    }
+    const int32_t idx = pa::backend_index(name);
+    if (idx < 0)
+      pa::fail(PAGEDATTN_ERROR_UNKNOWN_BACKEND, "unknown backend \"%s\" (known: %s)", name,
+               pa::known_backend_names().c_str());
+    *out = pa::create_one(idx, o);
+  });
+}
+
+PAGEDATTN_API void pagedattn_backend_destroy(pagedattn_backend* backend) {
+  if (!backend || backend->magic != pa::kBackendMagic) return;
+  backend->magic = pa::kBackendDead;
+  pa::backend_release(backend);
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_backend_get_capabilities(
+    pagedattn_capabilities* out, const pagedattn_backend* backend) {
+  return pa::guard([&] {
+    pa::check_out_struct(out, "out");
+    pagedattn_backend* b = pa::check_backend(backend, "backend");
+    pa::write_struct(out, b->caps);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_backend_synchronize(pagedattn_backend* backend,
+                                                            void* stream) {
+  return pa::guard([&] {
+    pagedattn_backend* b = pa::check_backend(backend, "backend");
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->synchronize(b->state, stream, msg), pa::backend_name(b), "synchronize",
+                 msg);
+  });
+}
+
+}  // extern "C"

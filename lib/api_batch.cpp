@@ -1,0 +1,182 @@
+/* lib/api_batch.cpp — entry points of batch.h: create (plan + backend plan_batch), update in
+ * place within the planned capacities (the batch is unchanged on failure), destroy, and the
+ * accessors of the planned arrays. */
+#include <memory>
+
+#include "handles.h"
+
+namespace pa {
+
+namespace {
+
+Geometry geometry_of(const pagedattn_kv_cache* c) {
+  Geometry g;
+  if (c) {
+    g.present = true;
+    g.block_size = c->desc.block_size;
+    g.num_blocks = c->desc.num_blocks;
+  }
+  return g;
+}
+
+void check_same_backend(const pagedattn_kv_cache* c, const pagedattn_backend* b,
+                        const char* name) {
+  if (c->backend != b)
+    fail(PAGEDATTN_ERROR_INVALID_HANDLE, "%s belongs to another backend (%s)", name,
+         backend_name(c->backend));
+}
+
+}  // namespace
+
+}  // namespace pa
+
+extern "C" {
+
+PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init(pagedattn_batch_desc* desc) {
+  return pa::guard([&] {
+    if (!desc) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "desc is NULL");
+    std::memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
+                                                     pagedattn_backend* backend,
+                                                     const pagedattn_kv_cache* cache,
+                                                     const pagedattn_kv_cache* cross_cache,
+                                                     const pagedattn_batch_desc* desc) {
+  return pa::guard([&] {
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    pagedattn_backend* b = pa::check_backend(backend, "backend");
+    const pagedattn_batch_desc d = pa::read_struct(desc, "desc");
+    if (cache) {
+      pa::check_cache(cache, "cache");
+      pa::check_same_backend(cache, b, "cache");
+    }
+    /* A cross cache only matters for a batch with encoder_lens. */
+    const pagedattn_kv_cache* cross = d.encoder_lens ? cross_cache : nullptr;
+    if (cross) {
+      pa::check_cache(cross, "cross_cache");
+      pa::check_same_backend(cross, b, "cross_cache");
+    }
+    std::unique_ptr<pagedattn_batch> h(new pagedattn_batch());
+    h->magic = 0;
+    h->backend = b;
+    h->self = pa::geometry_of(cache);
+    h->cross = pa::geometry_of(cross);
+    h->planned = false;
+    pa::Plan tmp;
+    pa::plan(d, h->self, h->cross, nullptr, &h->caps, tmp);
+    pa::reserve_plan(h->plan, h->caps, h->self, h->cross);
+    pa::copy_plan(h->plan, tmp);
+    std::memset(&h->pb, 0, sizeof h->pb);
+    pa::fill_pa_batch(h->pb, h->plan, h->caps, h->self, h->cross);
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->plan_batch(b->state, &h->pb, 0, msg), pa::backend_name(b), "plan_batch",
+                 msg);
+    h->planned = true;
+    pa::backend_retain(b);
+    h->magic = pa::kBatchMagic;
+    *out = h.release();
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_batch_update(pagedattn_batch* batch,
+                                                     const pagedattn_batch_desc* desc) {
+  return pa::guard([&] {
+    pagedattn_batch* h = pa::check_batch(batch, "batch");
+    const pagedattn_batch_desc d = pa::read_struct(desc, "desc");
+    if (d.block_tables && !h->self.present)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "desc->block_tables is set but the batch was planned without a cache");
+    if (d.encoder_lens && !h->cross.present)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "desc->encoder_lens is set but the batch was planned without a cross cache");
+    pa::Plan next;
+    pa::plan(d, h->self, h->cross, &h->caps, nullptr, next);
+    pa::Plan old = h->plan; /* to restore if the backend refuses the new plan */
+    std::lock_guard<std::mutex> lock(h->in_use);
+    pa::copy_plan(h->plan, next);
+    pa::fill_pa_batch(h->pb, h->plan, h->caps, h->self, h->cross);
+    pagedattn_backend* b = h->backend;
+    char msg[PA_MSG_LEN] = {0};
+    const pagedattn_status st = b->ops->plan_batch(b->state, &h->pb, 1, msg);
+    if (st != PAGEDATTN_OK) {
+      pa::copy_plan(h->plan, old);
+      pa::fill_pa_batch(h->pb, h->plan, h->caps, h->self, h->cross);
+      char ignored[PA_MSG_LEN] = {0};
+      b->ops->plan_batch(b->state, &h->pb, 1, ignored);
+      pa::check_op(st, pa::backend_name(b), "plan_batch", msg);
+    }
+  });
+}
+
+PAGEDATTN_API void pagedattn_batch_destroy(pagedattn_batch* batch) {
+  if (!batch || batch->magic != pa::kBatchMagic) return;
+  batch->magic = 0;
+  pagedattn_backend* b = batch->backend;
+  if (batch->planned) b->ops->free_batch(b->state, &batch->pb);
+  delete batch;
+  pa::backend_release(b);
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_batch_get_info(pagedattn_batch_info* out,
+                                                       const pagedattn_batch* batch) {
+  return pa::guard([&] {
+    pa::check_out_struct(out, "out");
+    const pagedattn_batch* h = pa::check_batch(batch, "batch");
+    const pa::Plan& p = h->plan;
+    pagedattn_batch_info info;
+    std::memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    info.num_seqs = p.num_seqs;
+    info.num_tokens = p.num_tokens;
+    info.num_encoder_tokens = p.num_encoder_tokens;
+    info.num_decode_seqs = p.num_decode;
+    info.num_prefill_seqs = p.num_prefill;
+    info.max_query_len = p.max_query_len;
+    info.max_seq_len = p.max_seq_len;
+    info.max_num_seqs = h->caps.num_seqs;
+    info.max_num_tokens = h->caps.num_tokens;
+    info.max_blocks_per_seq = h->caps.blocks_per_seq;
+    info.block_size = h->self.block_size;
+    pa::write_struct(out, info);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_batch_get_slot_mapping(const int64_t** out,
+                                                               int64_t* count,
+                                                               const pagedattn_batch* batch) {
+  return pa::guard([&] {
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    if (!count) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "count is NULL");
+    const pagedattn_batch* h = pa::check_batch(batch, "batch");
+    *out = h->plan.slots.data();
+    *count = h->plan.num_tokens;
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_batch_get_query_start(const int32_t** out,
+                                                              int32_t* count,
+                                                              const pagedattn_batch* batch) {
+  return pa::guard([&] {
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    if (!count) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "count is NULL");
+    const pagedattn_batch* h = pa::check_batch(batch, "batch");
+    *out = h->plan.query_start.data();
+    *count = h->plan.num_seqs + 1;
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_batch_get_cross_slot_mapping(
+    const int64_t** out, int64_t* count, const pagedattn_batch* batch) {
+  return pa::guard([&] {
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    if (!count) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "count is NULL");
+    const pagedattn_batch* h = pa::check_batch(batch, "batch");
+    *out = h->plan.has_cross ? h->plan.cross_slots.data() : nullptr;
+    *count = h->plan.has_cross ? h->plan.num_encoder_tokens : 0;
+  });
+}
+
+}  // extern "C"

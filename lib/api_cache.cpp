@@ -1,0 +1,535 @@
+/* lib/api_cache.cpp — entry points of kv_cache.h: geometry, create/wrap/destroy, write
+ * (reshape-and-cache), copy/swap of blocks, read/load of blocks. Everything is validated before
+ * the backend op runs, so a refused call writes nothing. */
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "handles.h"
+#include "validate.h"
+
+namespace pa {
+
+namespace {
+
+void compact_strides(const pagedattn_kv_cache_desc& d, int64_t* block, int64_t* slot,
+                     int64_t* head) {
+  const int64_t D = d.head_size, H = d.num_kv_heads, bs = d.block_size;
+  if (d.layout == PAGEDATTN_LAYOUT_NHD) {
+    *block = bs * H * D;
+    *slot = H * D;
+    *head = D;
+  } else {
+    *block = H * bs * D;
+    *head = bs * D;
+    *slot = D;
+  }
+}
+
+bool is_gpu_backend(const pagedattn_backend* b) {
+  return !is_host_device_type(b->caps.device.device_type);
+}
+
+pagedattn_device host_device_of(const pagedattn_backend* b) {
+  pagedattn_device d = b->caps.device;
+  if (d.device_type == PAGEDATTN_DEVICE_CUDA) d.device_type = PAGEDATTN_DEVICE_CUDA_HOST;
+  else if (d.device_type == PAGEDATTN_DEVICE_ROCM) d.device_type = PAGEDATTN_DEVICE_ROCM_HOST;
+  else d.device_type = PAGEDATTN_DEVICE_CPU;
+  return d;
+}
+
+/* A handle with geometry and compact strides filled; pointers and device set by the caller. */
+std::unique_ptr<pagedattn_kv_cache> new_cache(pagedattn_backend* b,
+                                              const pagedattn_kv_cache_desc& d, uint64_t bpb) {
+  std::unique_ptr<pagedattn_kv_cache> c(new pagedattn_kv_cache());
+  c->magic = 0;
+  c->backend = b;
+  c->desc = d;
+  c->desc.struct_size = sizeof(pagedattn_kv_cache_desc);
+  c->k_layers.assign(static_cast<size_t>(d.num_layers), nullptr);
+  c->v_layers.assign(static_cast<size_t>(d.num_layers), nullptr);
+  c->slab = nullptr;
+  c->bytes = 0;
+  c->bytes_per_block = bpb;
+  c->attached = false;
+  pa_cache& pc = c->pc;
+  std::memset(&pc, 0, sizeof pc);
+  pc.num_layers = d.num_layers;
+  pc.num_blocks = d.num_blocks;
+  pc.block_size = d.block_size;
+  pc.num_kv_heads = d.num_kv_heads;
+  pc.head_size = d.head_size;
+  pc.dtype = d.dtype;
+  pc.layout = d.layout;
+  compact_strides(d, &pc.block_stride, &pc.slot_stride, &pc.head_stride);
+  pc.k_layers = c->k_layers.data();
+  pc.v_layers = c->v_layers.data();
+  pc.device = b->caps.device;
+  return c;
+}
+
+/* Runs the optional cache_attach op and publishes the handle. */
+pagedattn_kv_cache* finish_cache(std::unique_ptr<pagedattn_kv_cache> c) {
+  pagedattn_backend* b = c->backend;
+  if (b->ops->cache_attach) {
+    char msg[PA_MSG_LEN] = {0};
+    check_op(b->ops->cache_attach(b->state, &c->pc, msg), backend_name(b), "cache_attach", msg);
+    c->attached = true;
+  }
+  backend_retain(b);
+  c->magic = kCacheMagic;
+  return c.release();
+}
+
+/* Strides of a wrapped cache must keep every (block, slot, head) row of head_size elements
+ * apart: sorted by stride, each stride must step over the previous dimension's extent. */
+void check_wrap_strides(const pagedattn_kv_cache_desc& d, int64_t bst, int64_t sst, int64_t hst) {
+  if (bst <= 0 || sst <= 0 || hst <= 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "memory strides (block %lld, slot %lld, head %lld) must all be > 0, or all 0 for the "
+         "compact layout",
+         static_cast<long long>(bst), static_cast<long long>(sst), static_cast<long long>(hst));
+  std::pair<int64_t, int64_t> dims[3] = {
+      {bst, d.num_blocks}, {sst, d.block_size}, {hst, d.num_kv_heads}};
+  std::sort(std::begin(dims), std::end(dims));
+  int64_t need = d.head_size; /* the next stride must be at least this */
+  int64_t max_off = d.head_size - 1;
+  for (const auto& dim : dims) {
+    const int64_t stride = dim.first, extent = dim.second;
+    if (extent == 1) continue;
+    if (stride < need)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "memory strides (block %lld, slot %lld, head %lld) make blocks, slots or heads "
+           "overlap (stride %lld < %lld, block_size %d, num_kv_heads %d, head_size %d)",
+           static_cast<long long>(bst), static_cast<long long>(sst),
+           static_cast<long long>(hst), static_cast<long long>(stride),
+           static_cast<long long>(need), d.block_size, d.num_kv_heads, d.head_size);
+    int64_t span;
+    if (__builtin_mul_overflow(stride, extent, &span) ||
+        __builtin_add_overflow(max_off, span - stride, &max_off))
+      fail(PAGEDATTN_ERROR_OVERFLOW, "memory strides overflow int64 element offsets");
+    need = span;
+  }
+}
+
+void check_layer(const pagedattn_kv_cache* c, int32_t layer) {
+  if (layer < 0 || layer >= c->desc.num_layers)
+    fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = %d is not in [0, %d)", layer, c->desc.num_layers);
+}
+
+void check_pairs_ptr(const int32_t* pairs, size_t n) {
+  if (n > 0 && !pairs) fail(PAGEDATTN_ERROR_NULL_POINTER, "pairs is NULL (num_pairs = %zu)", n);
+  if (n > static_cast<size_t>(INT32_MAX))
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "num_pairs = %zu is too large", n);
+}
+
+/* Within one cache, a destination may not be the source of another pair. */
+void check_dst_not_src(const int32_t* pairs, size_t n) {
+  std::vector<std::pair<int32_t, size_t>> dsts(n);
+  for (size_t k = 0; k < n; ++k) dsts[k] = {pairs[2 * k + 1], k};
+  std::sort(dsts.begin(), dsts.end());
+  for (size_t j = 0; j < n; ++j) {
+    const int32_t src = pairs[2 * j];
+    auto it = std::lower_bound(dsts.begin(), dsts.end(), std::make_pair(src, size_t{0}));
+    if (it != dsts.end() && it->first == src && it->second != j)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "pairs[%zu] = %d is a source but also the destination pairs[%zu] of another pair",
+           2 * j, src, 2 * it->second + 1);
+  }
+}
+
+/* Pairs without src == dst entries (no-ops); returns n of the filtered list in *out. */
+const int32_t* drop_noops(const int32_t* pairs, size_t n, std::vector<int32_t>& buf, size_t* out) {
+  size_t noops = 0;
+  for (size_t k = 0; k < n; ++k) noops += pairs[2 * k] == pairs[2 * k + 1];
+  if (noops == 0) {
+    *out = n;
+    return pairs;
+  }
+  buf.reserve(2 * (n - noops));
+  for (size_t k = 0; k < n; ++k) {
+    if (pairs[2 * k] == pairs[2 * k + 1]) continue;
+    buf.push_back(pairs[2 * k]);
+    buf.push_back(pairs[2 * k + 1]);
+  }
+  *out = n - noops;
+  return buf.data();
+}
+
+void check_buffer(const pagedattn_kv_cache* c, const int32_t* ids, size_t n, const void* buffer,
+                  size_t buffer_bytes) {
+  if (n > 0 && !ids) fail(PAGEDATTN_ERROR_NULL_POINTER, "block_ids is NULL (num_ids = %zu)", n);
+  if (n > 0 && !buffer) fail(PAGEDATTN_ERROR_NULL_POINTER, "buffer is NULL (num_ids = %zu)", n);
+  check_ids(ids, n, 1, 0, c->desc.num_blocks, "block_ids", "num_blocks");
+  uint64_t need;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(n), c->bytes_per_block, &need))
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "num_ids %zu x bytes_per_block %llu overflows", n,
+         static_cast<unsigned long long>(c->bytes_per_block));
+  if (buffer_bytes < need)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "buffer_bytes = %zu < %zu blocks x %llu bytes per block = %llu", buffer_bytes, n,
+         static_cast<unsigned long long>(c->bytes_per_block),
+         static_cast<unsigned long long>(need));
+}
+
+}  // namespace
+
+}  // namespace pa
+
+extern "C" {
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_desc_init(pagedattn_kv_cache_desc* desc) {
+  return pa::guard([&] {
+    if (!desc) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "desc is NULL");
+    std::memset(desc, 0, sizeof *desc);
+    desc->struct_size = sizeof *desc;
+    desc->dtype = PAGEDATTN_DTYPE_BFLOAT16;
+    desc->layout = PAGEDATTN_LAYOUT_NHD;
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_bytes_per_block(
+    uint64_t* out, const pagedattn_kv_cache_desc* desc) {
+  return pa::guard([&] {
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    const pagedattn_kv_cache_desc d = pa::read_struct(desc, "desc");
+    /* Sizing happens before the pool size is known: num_blocks 0 is accepted here. */
+    *out = pa::check_cache_desc(d, false);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_create(pagedattn_kv_cache** out,
+                                                        pagedattn_backend* backend,
+                                                        const pagedattn_kv_cache_desc* desc) {
+  return pa::guard([&] {
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    pagedattn_backend* b = pa::check_backend(backend, "backend");
+    const pagedattn_kv_cache_desc d = pa::read_struct(desc, "desc");
+    const uint64_t bpb = pa::check_cache_desc(d, true);
+    pa::check_cache_caps(d, b->caps);
+    const uint64_t total = bpb * static_cast<uint64_t>(d.num_blocks);
+    const uint64_t layer_bytes = total / (2u * static_cast<uint64_t>(d.num_layers));
+    const bool host = (d.flags & PAGEDATTN_KV_CACHE_HOST) && pa::is_gpu_backend(b);
+
+    std::unique_ptr<pagedattn_kv_cache> c = pa::new_cache(b, d, bpb);
+    pa::backend_reserve(b, total);
+    void* slab = nullptr;
+    char msg[PA_MSG_LEN] = {0};
+    const pagedattn_status st = b->ops->alloc(b->state, total, host ? 1 : 0, &slab, msg);
+    if (st != PAGEDATTN_OK || !slab) {
+      pa::backend_unreserve(b, total);
+      if (st == PAGEDATTN_OK)
+        pa::fail(PAGEDATTN_ERROR_INTERNAL, "%s: alloc returned no memory", pa::backend_name(b));
+      pa::check_op(st, pa::backend_name(b), "alloc", msg);
+    }
+    c->slab = slab;
+    c->bytes = total;
+    for (int32_t l = 0; l < d.num_layers; ++l) {
+      char* base = static_cast<char*>(slab) + 2u * layer_bytes * static_cast<uint64_t>(l);
+      c->k_layers[l] = base;
+      c->v_layers[l] = base + layer_bytes;
+    }
+    c->pc.device = host ? pa::host_device_of(b) : b->caps.device;
+    c->pc.host = host ? 1 : 0;
+    c->pc.owned = 1;
+    try {
+      *out = pa::finish_cache(std::move(c));
+    } catch (...) {
+      b->ops->free(b->state, slab, host ? 1 : 0);
+      pa::backend_unreserve(b, total);
+      throw;
+    }
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
+                                                      pagedattn_backend* backend,
+                                                      const pagedattn_kv_cache_desc* desc,
+                                                      const pagedattn_kv_cache_memory* memory) {
+  return pa::guard([&] {
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    pagedattn_backend* b = pa::check_backend(backend, "backend");
+    const pagedattn_kv_cache_desc d = pa::read_struct(desc, "desc");
+    const pagedattn_kv_cache_memory m = pa::read_struct(memory, "memory");
+    const uint64_t bpb = pa::check_cache_desc(d, true);
+    pa::check_cache_caps(d, b->caps);
+    if (!(b->caps.features & PAGEDATTN_FEATURE_WRAP_CACHE))
+      pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: caches over caller memory are not supported",
+               pa::backend_name(b));
+    if (!m.k_layers) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "memory->k_layers is NULL");
+    if (!m.v_layers) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "memory->v_layers is NULL");
+    for (int32_t l = 0; l < d.num_layers; ++l) {
+      if (!m.k_layers[l])
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "memory->k_layers[%d] is NULL", l);
+      if (!m.v_layers[l])
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "memory->v_layers[%d] is NULL", l);
+    }
+    bool host = false;
+    if (!pa::device_matches(m.device, b->caps.device)) {
+      if (pa::is_gpu_backend(b) && pa::is_host_device_type(m.device.device_type))
+        host = true;
+      else
+        pa::fail(PAGEDATTN_ERROR_WRONG_DEVICE, "memory->device is %s, %s needs %s",
+                 pa::device_str(m.device).c_str(), pa::backend_name(b),
+                 pa::device_str(b->caps.device).c_str());
+    }
+    std::unique_ptr<pagedattn_kv_cache> c = pa::new_cache(b, d, bpb);
+    if (m.block_stride != 0 || m.slot_stride != 0 || m.head_stride != 0) {
+      pa::check_wrap_strides(d, m.block_stride, m.slot_stride, m.head_stride);
+      c->pc.block_stride = m.block_stride;
+      c->pc.slot_stride = m.slot_stride;
+      c->pc.head_stride = m.head_stride;
+    }
+    for (int32_t l = 0; l < d.num_layers; ++l) {
+      c->k_layers[l] = m.k_layers[l];
+      c->v_layers[l] = m.v_layers[l];
+    }
+    c->pc.device = host ? m.device : b->caps.device;
+    c->pc.host = host ? 1 : 0;
+    c->pc.owned = 0;
+    *out = pa::finish_cache(std::move(c));
+  });
+}
+
+PAGEDATTN_API void pagedattn_kv_cache_destroy(pagedattn_kv_cache* cache) {
+  if (!cache || cache->magic != pa::kCacheMagic) return;
+  cache->magic = 0;
+  pagedattn_backend* b = cache->backend;
+  if (cache->attached && b->ops->cache_detach) b->ops->cache_detach(b->state, &cache->pc);
+  if (cache->slab) {
+    b->ops->free(b->state, cache->slab, cache->pc.host);
+    pa::backend_unreserve(b, cache->bytes);
+  }
+  delete cache;
+  pa::backend_release(b);
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_desc(pagedattn_kv_cache_desc* out,
+                                                          const pagedattn_kv_cache* cache) {
+  return pa::guard([&] {
+    pa::check_out_struct(out, "out");
+    const pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+    pa::write_struct(out, c->desc);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_layer(void** k, void** v,
+                                                           int64_t strides[3],
+                                                           const pagedattn_kv_cache* cache,
+                                                           int32_t layer) {
+  return pa::guard([&] {
+    const pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+    pa::check_layer(c, layer);
+    if (k) *k = c->k_layers[layer];
+    if (v) *v = c->v_layers[layer];
+    if (strides) {
+      strides[0] = c->pc.block_stride;
+      strides[1] = c->pc.slot_stride;
+      strides[2] = c->pc.head_stride;
+    }
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cache, int32_t layer,
+                                                       const pagedattn_tensor* key,
+                                                       const pagedattn_tensor* value,
+                                                       const pagedattn_tensor* slot_mapping,
+                                                       float k_scale, float v_scale,
+                                                       void* stream) {
+  return pa::guard([&] {
+    pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+    pagedattn_backend* b = c->backend;
+    pa::check_layer(c, layer);
+    if (!slot_mapping) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping is NULL");
+    const pagedattn_tensor& sm = *slot_mapping;
+    if (sm.ndim != 1 || !sm.shape)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: ndim %d != 1", sm.ndim);
+    const bool i64 = sm.dtype.code == PAGEDATTN_DLPACK_INT && sm.dtype.bits == 64 &&
+                     sm.dtype.lanes == 1;
+    const bool i32 = sm.dtype.code == PAGEDATTN_DLPACK_INT && sm.dtype.bits == 32 &&
+                     sm.dtype.lanes == 1;
+    if (!i64 && !i32)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR,
+               "slot_mapping: dtype {code %u, bits %u, lanes %u} is not int32 or int64",
+               sm.dtype.code, sm.dtype.bits, sm.dtype.lanes);
+    const int64_t n = sm.shape[0];
+    if (n < 0)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: shape [%lld] is negative",
+               static_cast<long long>(n));
+    if (sm.strides && sm.strides[0] != 1 && n > 1)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: stride %lld != 1",
+               static_cast<long long>(sm.strides[0]));
+    const pagedattn_dtype dt = pa::tensor_float_dtype(key, "key");
+    const pagedattn_dtype cdt = c->desc.dtype;
+    const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
+    if (!fp8 && dt != cdt)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "key: dtype %s != cache dtype %s", pa::dtype_name(dt),
+               pa::dtype_name(cdt));
+    if (!(b->caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)))
+      pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: key dtype %s is not supported (supported: %s)",
+               pa::backend_name(b), pa::dtype_name(dt), pa::dtype_mask_names(b->caps.dtypes).c_str());
+    const int32_t H = c->desc.num_kv_heads, D = c->desc.head_size;
+    pa_write_args a;
+    std::memset(&a, 0, sizeof a);
+    a.k = pa::resolve3(key, "key", n, H, D, dt, c->pc.device);
+    a.v = pa::resolve3(value, "value", n, H, D, dt, c->pc.device);
+    /* Slots in host memory are read here; slots on the GPU are checked by the kernel. */
+    bool on_device = false;
+    if (pa::is_host_device_type(sm.device.device_type)) {
+      if (c->pc.device.device_type == PAGEDATTN_DEVICE_CPU)
+        pa::check_device(sm.device, c->pc.device, "slot_mapping", "the cache");
+    } else {
+      if (c->pc.host || !pa::device_matches(sm.device, b->caps.device))
+        pa::fail(PAGEDATTN_ERROR_WRONG_DEVICE, "slot_mapping: on %s, the cache is on %s",
+                 pa::device_str(sm.device).c_str(), pa::device_str(c->pc.device).c_str());
+      on_device = true;
+    }
+    if (n > 0 && !sm.data) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping->data is NULL");
+    const void* slots =
+        sm.data ? static_cast<const char*>(sm.data) + sm.byte_offset : nullptr;
+    if (fp8) {
+      if (!std::isfinite(k_scale) || !(k_scale > 0.0f))
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "k_scale = %g must be finite and > 0",
+                 static_cast<double>(k_scale));
+      if (!std::isfinite(v_scale) || !(v_scale > 0.0f))
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "v_scale = %g must be finite and > 0",
+                 static_cast<double>(v_scale));
+    }
+    if (!on_device) {
+      const int64_t limit = static_cast<int64_t>(c->desc.num_blocks) * c->desc.block_size;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t s = i64 ? static_cast<const int64_t*>(slots)[t]
+                              : static_cast<const int32_t*>(slots)[t];
+        if (s < -1)
+          pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "slot_mapping[%lld] = %lld < -1",
+                   static_cast<long long>(t), static_cast<long long>(s));
+        if (s >= limit)
+          pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE,
+                   "slot_mapping[%lld] = %lld >= num_blocks*block_size %lld",
+                   static_cast<long long>(t), static_cast<long long>(s),
+                   static_cast<long long>(limit));
+      }
+    }
+    if (n == 0) return;
+    a.cache = &c->pc;
+    a.layer = layer;
+    a.slots = slots;
+    a.slots_int64 = i64 ? 1 : 0;
+    a.slots_on_device = on_device ? 1 : 0;
+    a.n = n;
+    a.k_scale = fp8 ? k_scale : 1.0f;
+    a.v_scale = fp8 ? v_scale : 1.0f;
+    a.stream = stream;
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->cache_write(b->state, &a, msg), pa::backend_name(b), "cache_write", msg);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_copy_blocks(pagedattn_kv_cache* cache,
+                                                             const int32_t* pairs,
+                                                             size_t num_pairs, void* stream) {
+  return pa::guard([&] {
+    pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+    pagedattn_backend* b = c->backend;
+    pa::check_pairs_ptr(pairs, num_pairs);
+    pa::check_ids(pairs, num_pairs, 2, 0, c->desc.num_blocks, "pairs", "num_blocks");
+    pa::check_ids(pairs, num_pairs, 2, 1, c->desc.num_blocks, "pairs", "num_blocks");
+    pa::check_unique(pairs, num_pairs, 2, 1, "pairs", "destination block");
+    pa::check_dst_not_src(pairs, num_pairs);
+    std::vector<int32_t> buf;
+    size_t n = 0;
+    const int32_t* p = pa::drop_noops(pairs, num_pairs, buf, &n);
+    if (n == 0) return;
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->copy_blocks(b->state, &c->pc, p, n, stream, msg), pa::backend_name(b),
+                 "copy_blocks", msg);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_swap_blocks(pagedattn_kv_cache* dst,
+                                                             const pagedattn_kv_cache* src,
+                                                             const int32_t* pairs,
+                                                             size_t num_pairs, void* stream) {
+  return pa::guard([&] {
+    pagedattn_kv_cache* d = pa::check_cache(dst, "dst");
+    pagedattn_kv_cache* s = pa::check_cache(src, "src");
+    pa::check_pairs_ptr(pairs, num_pairs);
+    const pagedattn_kv_cache_desc &dd = d->desc, &sd = s->desc;
+    struct {
+      const char* name;
+      int64_t sv, dv;
+    } fields[] = {{"num_layers", sd.num_layers, dd.num_layers},
+                  {"block_size", sd.block_size, dd.block_size},
+                  {"num_kv_heads", sd.num_kv_heads, dd.num_kv_heads},
+                  {"head_size", sd.head_size, dd.head_size}};
+    for (const auto& f : fields)
+      if (f.sv != f.dv)
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "src %s %lld != dst %s %lld", f.name,
+                 static_cast<long long>(f.sv), f.name, static_cast<long long>(f.dv));
+    if (sd.dtype != dd.dtype)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "src dtype %s != dst dtype %s",
+               pa::dtype_name(sd.dtype), pa::dtype_name(dd.dtype));
+    pa::check_ids(pairs, num_pairs, 2, 0, sd.num_blocks, "pairs", "src num_blocks");
+    pa::check_ids(pairs, num_pairs, 2, 1, dd.num_blocks, "pairs", "dst num_blocks");
+    pa::check_unique(pairs, num_pairs, 2, 1, "pairs", "destination block");
+    std::vector<int32_t> buf;
+    size_t n = num_pairs;
+    const int32_t* p = pairs;
+    if (d == s) {
+      pa::check_dst_not_src(pairs, num_pairs);
+      p = pa::drop_noops(pairs, num_pairs, buf, &n);
+    }
+    /* A GPU backend of either side does the copy (it can reach host memory); else dst's. */
+    pagedattn_backend* db = d->backend;
+    pagedattn_backend* sb = s->backend;
+    pagedattn_backend* run = db;
+    if (pa::is_gpu_backend(db) && pa::is_gpu_backend(sb)) {
+      const pagedattn_device a = db->caps.device, c = sb->caps.device;
+      if (a.device_type != c.device_type || a.device_id != c.device_id)
+        pa::fail(PAGEDATTN_ERROR_WRONG_DEVICE, "dst is on %s and src on %s: two different GPUs",
+                 pa::device_str(a).c_str(), pa::device_str(c).c_str());
+    } else if (pa::is_gpu_backend(sb)) {
+      run = sb;
+    }
+    if (n == 0) return;
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(run->ops->swap_blocks(run->state, &d->pc, &s->pc, p, n, stream, msg),
+                 pa::backend_name(run), "swap_blocks", msg);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_read_blocks(const pagedattn_kv_cache* cache,
+                                                             const int32_t* block_ids,
+                                                             size_t num_ids, void* buffer,
+                                                             size_t buffer_bytes, void* stream) {
+  return pa::guard([&] {
+    const pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+    pa::check_buffer(c, block_ids, num_ids, buffer, buffer_bytes);
+    if (num_ids == 0) return;
+    pagedattn_backend* b = c->backend;
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->read_blocks(b->state, &c->pc, block_ids, num_ids, buffer, stream, msg),
+                 pa::backend_name(b), "read_blocks", msg);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_load_blocks(pagedattn_kv_cache* cache,
+                                                             const int32_t* block_ids,
+                                                             size_t num_ids, const void* buffer,
+                                                             size_t buffer_bytes, void* stream) {
+  return pa::guard([&] {
+    pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+    pa::check_buffer(c, block_ids, num_ids, buffer, buffer_bytes);
+    pa::check_unique(block_ids, num_ids, 1, 0, "block_ids", "block id");
+    if (num_ids == 0) return;
+    pagedattn_backend* b = c->backend;
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->load_blocks(b->state, &c->pc, block_ids, num_ids, buffer, stream, msg),
+                 pa::backend_name(b), "load_blocks", msg);
+  });
+}
+
+}  // extern "C"

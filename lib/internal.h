@@ -1,0 +1,109 @@
+/* lib/internal.h — shared internals of the core: the error machinery (an exception carrying a
+ * status and message, turned into a return code by guard() at every C entry point), struct-size
+ * helpers and small string helpers. */
+#ifndef PAGEDATTN_LIB_INTERNAL_H
+#define PAGEDATTN_LIB_INTERNAL_H
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "plugin_abi.h"
+
+namespace pa {
+
+/* Thrown inside the library only; guard() converts it to a status at the boundary. */
+struct Error {
+  pagedattn_status status;
+  std::string msg;
+};
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string vformat(const char* fmt, va_list ap);
+
+[[noreturn]] void fail(pagedattn_status status, const char* fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The calling thread's last-error message. */
+void set_last_error(const char* msg) noexcept;
+void clear_last_error() noexcept;
+
+/* Runs f, maps every exception to a status, and sets (or clears) the thread's message. */
+template <class F>
+pagedattn_status guard(F&& f) noexcept {
+  try {
+    f();
+    clear_last_error();
+    return PAGEDATTN_OK;
+  } catch (const Error& e) {
+    set_last_error(e.msg.c_str());
+    return e.status;
+  } catch (const std::bad_alloc&) {
+    set_last_error("out of host memory");
+    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  } catch (const std::length_error&) {
+    set_last_error("out of host memory (allocation size too large)");
+    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    set_last_error(e.what());
+    return PAGEDATTN_ERROR_INTERNAL;
+  } catch (...) {
+    set_last_error("internal error: unknown exception");
+    return PAGEDATTN_ERROR_INTERNAL;
+  }
+}
+
+/* Raises the status a backend op returned, prefixing its message with the backend's name. */
+void check_op(pagedattn_status st, const char* backend, const char* op, const char* msg);
+
+/* Reads an input struct that starts with uint32 struct_size: refuses sizes below the first
+ * published layout (today's sizeof) and copies min(struct_size, sizeof) bytes, so a future
+ * larger struct is read up to the fields this library knows. */
+template <class T>
+T read_struct(const T* p, const char* name) {
+  if (!p) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  uint32_t size;
+  std::memcpy(&size, p, sizeof size);
+  if (size < sizeof(T))
+    fail(PAGEDATTN_ERROR_STRUCT_SIZE, "%s->struct_size = %u < minimum %zu", name, size,
+         sizeof(T));
+  T out;
+  std::memset(&out, 0, sizeof out);
+  std::memcpy(&out, p, size < sizeof(T) ? size : sizeof(T));
+  return out;
+}
+
+/* Checks an output struct's struct_size (same rule as read_struct). */
+template <class T>
+void check_out_struct(const T* p, const char* name) {
+  if (!p) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  uint32_t size;
+  std::memcpy(&size, p, sizeof size);
+  if (size < sizeof(T))
+    fail(PAGEDATTN_ERROR_STRUCT_SIZE, "%s->struct_size = %u < minimum %zu", name, size,
+         sizeof(T));
+}
+
+/* Writes `value` into an output struct: min(struct_size, sizeof) bytes, keeping the caller's
+ * struct_size. */
+template <class T>
+void write_struct(T* p, const T& value) {
+  uint32_t size;
+  std::memcpy(&size, p, sizeof size);
+  T tmp = value;
+  std::memcpy(&tmp, &size, sizeof size);
+  std::memcpy(p, &tmp, size < sizeof(T) ? size : sizeof(T));
+}
+
+const char* dtype_name(pagedattn_dtype dt) noexcept;
+size_t dtype_size(pagedattn_dtype dt) noexcept;
+bool dtype_valid(int32_t dt) noexcept;
+/* "float32, float16" for a capability mask. */
+std::string dtype_mask_names(uint32_t mask);
+
+}  // namespace pa
+
+#endif /* PAGEDATTN_LIB_INTERNAL_H */

@@ -1,0 +1,332 @@
+/* lib/planner.cpp — batch planning: one validation pass over the caller's lengths, block tables
+ * and slot mapping (messages name the index and value), then the fill pass that computes
+ * query_start, the copied tables (at the capacity width), the slot mappings and the summary.
+ * Nothing is written into `out` until every check has passed. */
+#include <algorithm>
+#include <climits>
+
+#include "planner.h"
+
+namespace pa {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Checks the first `need` entries of table row i. */
+void check_row(const int32_t* row, int32_t i, int64_t need, int32_t num_blocks, const char* what) {
+  for (int64_t j = 0; j < need; ++j) {
+    const int32_t id = row[j];
+    if (id < 0)
+      fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "%s[%d][%lld] = %d < 0", what, i,
+           static_cast<long long>(j), id);
+    if (id >= num_blocks)
+      fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "%s[%d][%lld] = %d >= num_blocks %d", what, i,
+           static_cast<long long>(j), id, num_blocks);
+  }
+}
+
+/* Create: a capacity field of desc (0 = this batch's size) must cover the batch. */
+int64_t pick_cap(int64_t given, int64_t actual, const char* field) {
+  if (given < 0) fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->%s = %lld < 0", field,
+                      static_cast<long long>(given));
+  if (given == 0) return actual;
+  if (given < actual)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->%s = %lld < %lld needed by this batch", field,
+         static_cast<long long>(given), static_cast<long long>(actual));
+  return given;
+}
+
+/* Update: the batch must fit the capacities planned at create. */
+void check_cap(int64_t actual, int64_t cap, const char* what, const char* field) {
+  if (actual > cap)
+    fail(PAGEDATTN_ERROR_CAPACITY, "%s %lld > %s %lld the batch was planned for", what,
+         static_cast<long long>(actual), field, static_cast<long long>(cap));
+}
+
+int32_t self_stride(const PlanCaps& caps, const Geometry& self) {
+  return self.present ? std::max<int32_t>(1, caps.blocks_per_seq) : 0;
+}
+
+int32_t cross_stride(const PlanCaps& caps, const Geometry& cross) {
+  if (!cross.present) return 0;
+  return static_cast<int32_t>(std::max<int64_t>(1, ceil_div(caps.seq_len, cross.block_size)));
+}
+
+}  // namespace
+
+void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& cross,
+          const PlanCaps* caps, PlanCaps* caps_out, Plan& out) {
+  const int32_t n = d.num_seqs;
+  if (n < 0) fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->num_seqs = %d < 0", n);
+  if (n > 0 && !d.query_lens)
+    fail(PAGEDATTN_ERROR_NULL_POINTER, "desc->query_lens is NULL (num_seqs = %d)", n);
+  if (n > 0 && !d.context_lens)
+    fail(PAGEDATTN_ERROR_NULL_POINTER, "desc->context_lens is NULL (num_seqs = %d)", n);
+  if (d.block_tables && !self.present)
+    fail(PAGEDATTN_ERROR_NULL_POINTER, "cache is NULL but desc->block_tables is set");
+  if (d.slot_mapping && !self.present)
+    fail(PAGEDATTN_ERROR_NULL_POINTER, "cache is NULL but desc->slot_mapping is set");
+  if (d.block_table_stride < 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->block_table_stride = %d < 0",
+         d.block_table_stride);
+  const bool use_cross = d.encoder_lens != nullptr;
+  if (use_cross && !cross.present)
+    fail(PAGEDATTN_ERROR_NULL_POINTER, "cross_cache is NULL but desc->encoder_lens is set");
+  if (use_cross && d.cross_block_table_stride < 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->cross_block_table_stride = %d < 0",
+         d.cross_block_table_stride);
+
+  /* Pass 1: validate and summarise; nothing is written. */
+  int64_t tokens = 0, sum_enc = 0, enc_tokens = 0, max_seq = 0;
+  int32_t max_q = 0, max_blocks = 0, max_cross_blocks = 0, n_decode = 0, n_prefill = 0;
+  bool all_ctx_zero = true, chunked = false;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t q = d.query_lens[i], c = d.context_lens[i];
+    if (q < 0) fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "query_lens[%d] = %d < 0", i, q);
+    if (c < 0) fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "context_lens[%d] = %d < 0", i, c);
+    const int64_t len = static_cast<int64_t>(q) + c;
+    if (len > INT32_MAX)
+      fail(PAGEDATTN_ERROR_OVERFLOW,
+           "context_lens[%d] + query_lens[%d] = %lld overflows int32 positions", i, i,
+           static_cast<long long>(len));
+    tokens += q;
+    if (tokens > INT32_MAX)
+      fail(PAGEDATTN_ERROR_OVERFLOW, "sum(query_lens) overflows int32 at sequence %d", i);
+    if (self.present) {
+      const int64_t need = ceil_div(len, self.block_size);
+      if (need > 0) {
+        if (!d.block_tables)
+          fail(PAGEDATTN_ERROR_NULL_POINTER,
+               "desc->block_tables is NULL but sequence %d needs %lld blocks", i,
+               static_cast<long long>(need));
+        if (need > d.block_table_stride)
+          fail(PAGEDATTN_ERROR_OUT_OF_RANGE,
+               "block_table_stride %d < %lld blocks needed by sequence %d (context %d + query "
+               "%d, block size %d)",
+               d.block_table_stride, static_cast<long long>(need), i, c, q, self.block_size);
+        check_row(d.block_tables + static_cast<int64_t>(i) * d.block_table_stride, i, need,
+                  self.num_blocks, "block_tables");
+        max_blocks = std::max(max_blocks, static_cast<int32_t>(need));
+      }
+    }
+    if (use_cross) {
+      const int32_t e = d.encoder_lens[i];
+      if (e < 0) fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "encoder_lens[%d] = %d < 0", i, e);
+      sum_enc += e;
+      if (sum_enc > INT32_MAX)
+        fail(PAGEDATTN_ERROR_OVERFLOW, "sum(encoder_lens) overflows int32 at sequence %d", i);
+      if (c == 0) enc_tokens += e;
+      max_seq = std::max<int64_t>(max_seq, e);
+      const int64_t need = ceil_div(e, cross.block_size);
+      if (need > 0) {
+        if (!d.cross_block_tables)
+          fail(PAGEDATTN_ERROR_NULL_POINTER,
+               "desc->cross_block_tables is NULL but sequence %d needs %lld blocks", i,
+               static_cast<long long>(need));
+        if (need > d.cross_block_table_stride)
+          fail(PAGEDATTN_ERROR_OUT_OF_RANGE,
+               "cross_block_table_stride %d < %lld blocks needed by sequence %d (encoder %d, "
+               "block size %d)",
+               d.cross_block_table_stride, static_cast<long long>(need), i, e, cross.block_size);
+        check_row(d.cross_block_tables + static_cast<int64_t>(i) * d.cross_block_table_stride, i,
+                  need, cross.num_blocks, "cross_block_tables");
+        max_cross_blocks = std::max(max_cross_blocks, static_cast<int32_t>(need));
+      }
+    }
+    max_q = std::max(max_q, q);
+    max_seq = std::max(max_seq, len);
+    if (c != 0) all_ctx_zero = false;
+    if (q > 1 && c > 0) chunked = true;
+    if (q == 1) ++n_decode;
+    if (q > 1) ++n_prefill;
+  }
+  if (d.slot_mapping) {
+    const int64_t limit = static_cast<int64_t>(self.num_blocks) * self.block_size;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t s = d.slot_mapping[t];
+      if (s < -1)
+        fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->slot_mapping[%lld] = %lld < -1",
+             static_cast<long long>(t), static_cast<long long>(s));
+      if (s >= limit)
+        fail(PAGEDATTN_ERROR_OUT_OF_RANGE,
+             "desc->slot_mapping[%lld] = %lld >= num_blocks*block_size %lld",
+             static_cast<long long>(t), static_cast<long long>(s),
+             static_cast<long long>(limit));
+    }
+  }
+
+  PlanCaps cp;
+  if (caps) {
+    check_cap(n, caps->num_seqs, "num_seqs", "max_num_seqs");
+    check_cap(tokens, caps->num_tokens, "sum(query_lens)", "max_num_tokens");
+    check_cap(max_blocks, caps->blocks_per_seq, "table width needed", "max_blocks_per_seq");
+    check_cap(sum_enc, caps->num_encoder_tokens, "sum(encoder_lens)", "max_num_encoder_tokens");
+    check_cap(max_seq, caps->seq_len, "max sequence length", "max_seq_len");
+    cp = *caps;
+  } else {
+    cp.num_seqs = static_cast<int32_t>(pick_cap(d.max_num_seqs, n, "max_num_seqs"));
+    cp.num_tokens = pick_cap(d.max_num_tokens, tokens, "max_num_tokens");
+    if (cp.num_tokens > INT32_MAX)
+      fail(PAGEDATTN_ERROR_OVERFLOW, "desc->max_num_tokens = %lld overflows int32",
+           static_cast<long long>(cp.num_tokens));
+    cp.blocks_per_seq =
+        static_cast<int32_t>(pick_cap(d.max_blocks_per_seq, max_blocks, "max_blocks_per_seq"));
+    cp.num_encoder_tokens =
+        pick_cap(d.max_num_encoder_tokens, sum_enc, "max_num_encoder_tokens");
+    cp.seq_len = pick_cap(d.max_seq_len, max_seq, "max_seq_len");
+    if (caps_out) *caps_out = cp;
+  }
+
+  /* Pass 2: fill. */
+  out.num_seqs = n;
+  out.num_tokens = tokens;
+  out.has_tables = self.present;
+  out.has_cross = use_cross;
+  out.num_encoder_tokens = use_cross ? enc_tokens : 0;
+  out.sum_encoder_lens = sum_enc;
+  out.max_blocks_used = max_blocks;
+  out.max_cross_blocks_used = max_cross_blocks;
+  out.max_query_len = max_q;
+  out.max_seq_len = max_seq;
+  out.all_context_zero = all_ctx_zero;
+  out.has_chunked_prefill = chunked;
+  out.num_decode = n_decode;
+  out.num_prefill = n_prefill;
+
+  out.query_lens.assign(d.query_lens, d.query_lens + n);
+  out.context_lens.assign(d.context_lens, d.context_lens + n);
+  out.query_start.resize(static_cast<size_t>(n) + 1);
+  out.query_start[0] = 0;
+  for (int32_t i = 0; i < n; ++i) out.query_start[i + 1] = out.query_start[i] + d.query_lens[i];
+
+  out.table_stride = self_stride(cp, self);
+  out.tables.assign(static_cast<size_t>(n) * out.table_stride, 0);
+  out.slots.assign(static_cast<size_t>(tokens), -1);
+  if (self.present) {
+    const int32_t bs = self.block_size;
+    for (int32_t i = 0; i < n; ++i) {
+      const int64_t need = ceil_div(static_cast<int64_t>(d.query_lens[i]) + d.context_lens[i], bs);
+      if (need == 0) continue;
+      const int32_t* src = d.block_tables + static_cast<int64_t>(i) * d.block_table_stride;
+      std::copy(src, src + need, out.tables.begin() + static_cast<int64_t>(i) * out.table_stride);
+    }
+    if (d.slot_mapping) {
+      std::copy(d.slot_mapping, d.slot_mapping + tokens, out.slots.begin());
+    } else {
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t* row = out.tables.data() + static_cast<int64_t>(i) * out.table_stride;
+        const int64_t base = out.query_start[i];
+        for (int32_t j = 0; j < d.query_lens[i]; ++j) {
+          const int64_t p = static_cast<int64_t>(d.context_lens[i]) + j;
+          out.slots[base + j] = static_cast<int64_t>(row[p / bs]) * bs + p % bs;
+        }
+      }
+    }
+  }
+
+  out.cross_table_stride = use_cross ? cross_stride(cp, cross) : 0;
+  if (use_cross) {
+    const int32_t bs = cross.block_size;
+    out.encoder_lens.assign(d.encoder_lens, d.encoder_lens + n);
+    out.cross_tables.assign(static_cast<size_t>(n) * out.cross_table_stride, 0);
+    out.cross_slots.resize(static_cast<size_t>(enc_tokens));
+    int64_t k = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t e = d.encoder_lens[i];
+      const int64_t need = ceil_div(e, bs);
+      if (need == 0) continue;
+      const int32_t* src =
+          d.cross_block_tables + static_cast<int64_t>(i) * d.cross_block_table_stride;
+      int32_t* dst = out.cross_tables.data() + static_cast<int64_t>(i) * out.cross_table_stride;
+      std::copy(src, src + need, dst);
+      if (d.context_lens[i] != 0) continue;
+      for (int32_t p = 0; p < e; ++p)
+        out.cross_slots[k++] = static_cast<int64_t>(dst[p / bs]) * bs + p % bs;
+    }
+  } else {
+    out.encoder_lens.clear();
+    out.cross_tables.clear();
+    out.cross_slots.clear();
+  }
+}
+
+void reserve_plan(Plan& p, const PlanCaps& caps, const Geometry& self, const Geometry& cross) {
+  const size_t seqs = static_cast<size_t>(caps.num_seqs);
+  p.query_lens.reserve(seqs);
+  p.context_lens.reserve(seqs);
+  p.query_start.reserve(seqs + 1);
+  p.tables.reserve(seqs * static_cast<size_t>(self_stride(caps, self)));
+  p.slots.reserve(static_cast<size_t>(caps.num_tokens));
+  if (cross.present) {
+    p.encoder_lens.reserve(seqs);
+    p.cross_tables.reserve(seqs * static_cast<size_t>(cross_stride(caps, cross)));
+    p.cross_slots.reserve(static_cast<size_t>(caps.num_encoder_tokens));
+  }
+}
+
+namespace {
+template <class V>
+void assign_in_place(V& dst, const V& src) {
+  /* Within the reserved capacity, assign() keeps dst's buffer (no reallocation). */
+  dst.assign(src.begin(), src.end());
+}
+}  // namespace
+
+void copy_plan(Plan& dst, const Plan& src) {
+  assign_in_place(dst.query_lens, src.query_lens);
+  assign_in_place(dst.context_lens, src.context_lens);
+  assign_in_place(dst.query_start, src.query_start);
+  assign_in_place(dst.tables, src.tables);
+  assign_in_place(dst.encoder_lens, src.encoder_lens);
+  assign_in_place(dst.cross_tables, src.cross_tables);
+  assign_in_place(dst.slots, src.slots);
+  assign_in_place(dst.cross_slots, src.cross_slots);
+  dst.num_seqs = src.num_seqs;
+  dst.num_tokens = src.num_tokens;
+  dst.table_stride = src.table_stride;
+  dst.cross_table_stride = src.cross_table_stride;
+  dst.has_tables = src.has_tables;
+  dst.has_cross = src.has_cross;
+  dst.num_encoder_tokens = src.num_encoder_tokens;
+  dst.sum_encoder_lens = src.sum_encoder_lens;
+  dst.max_blocks_used = src.max_blocks_used;
+  dst.max_cross_blocks_used = src.max_cross_blocks_used;
+  dst.max_query_len = src.max_query_len;
+  dst.max_seq_len = src.max_seq_len;
+  dst.all_context_zero = src.all_context_zero;
+  dst.has_chunked_prefill = src.has_chunked_prefill;
+  dst.num_decode = src.num_decode;
+  dst.num_prefill = src.num_prefill;
+}
+
+void fill_pa_batch(pa_batch& pb, const Plan& p, const PlanCaps& caps, const Geometry& self,
+                   const Geometry& cross) {
+  pb.num_seqs = p.num_seqs;
+  pb.num_tokens = p.num_tokens;
+  pb.query_lens = p.query_lens.data();
+  pb.context_lens = p.context_lens.data();
+  pb.query_start = p.query_start.data();
+  pb.block_tables = p.has_tables ? p.tables.data() : nullptr;
+  pb.table_stride = p.has_tables ? p.table_stride : 0;
+  pb.slot_mapping = p.slots.data();
+  pb.block_size = self.present ? self.block_size : 0;
+  pb.num_blocks = self.present ? self.num_blocks : 0;
+  pb.encoder_lens = p.has_cross ? p.encoder_lens.data() : nullptr;
+  pb.cross_tables = p.has_cross ? p.cross_tables.data() : nullptr;
+  pb.cross_table_stride = p.has_cross ? p.cross_table_stride : 0;
+  pb.cross_block_size = cross.present ? cross.block_size : 0;
+  pb.cross_num_blocks = cross.present ? cross.num_blocks : 0;
+  pb.num_encoder_tokens = p.num_encoder_tokens;
+  pb.cross_slot_mapping = p.has_cross ? p.cross_slots.data() : nullptr;
+  pb.max_query_len = p.max_query_len;
+  pb.max_seq_len = p.max_seq_len;
+  pb.all_context_zero = p.all_context_zero ? 1 : 0;
+  pb.cap_num_seqs = caps.num_seqs;
+  pb.cap_num_tokens = caps.num_tokens;
+  pb.cap_blocks_per_seq = caps.blocks_per_seq;
+  pb.cap_num_encoder_tokens = caps.num_encoder_tokens;
+  pb.cap_seq_len = caps.seq_len;
+}
+
+}  // namespace pa

@@ -1,0 +1,250 @@
+/* lib/validate.cpp — argument checks shared by the entry points: device matching, tensor
+ * resolution into pa_tensor3 / pa_lse, cache geometry and capability checks, block-id lists.
+ * Every failure raises pa::Error with a message naming the argument and the offending value. */
+#include <algorithm>
+#include <climits>
+#include <utility>
+#include <vector>
+
+#include "validate.h"
+
+namespace pa {
+
+bool is_host_device_type(int32_t type) {
+  return type == PAGEDATTN_DEVICE_CPU || type == PAGEDATTN_DEVICE_CUDA_HOST ||
+         type == PAGEDATTN_DEVICE_ROCM_HOST;
+}
+
+std::string device_str(const pagedattn_device& d) {
+  const char* t = nullptr;
+  switch (d.device_type) {
+    case PAGEDATTN_DEVICE_CPU: t = "cpu"; break;
+    case PAGEDATTN_DEVICE_CUDA: t = "cuda"; break;
+    case PAGEDATTN_DEVICE_CUDA_HOST: t = "cuda_host"; break;
+    case PAGEDATTN_DEVICE_ROCM: t = "rocm"; break;
+    case PAGEDATTN_DEVICE_ROCM_HOST: t = "rocm_host"; break;
+    default: break;
+  }
+  if (t) return format("%s:%d", t, d.device_id);
+  return format("device type %d:%d", d.device_type, d.device_id);
+}
+
+bool device_matches(const pagedattn_device& have, const pagedattn_device& want) {
+  if (want.device_type == PAGEDATTN_DEVICE_CPU) return have.device_type == PAGEDATTN_DEVICE_CPU;
+  if (is_host_device_type(want.device_type)) return is_host_device_type(have.device_type);
+  return have.device_type == want.device_type && have.device_id == want.device_id;
+}
+
+void check_device(const pagedattn_device& have, const pagedattn_device& want, const char* name,
+                  const char* where) {
+  if (!device_matches(have, want))
+    fail(PAGEDATTN_ERROR_WRONG_DEVICE, "%s: on %s, %s needs %s", name, device_str(have).c_str(),
+         where, device_str(want).c_str());
+}
+
+namespace {
+
+pagedattn_dtype map_dtype(const pagedattn_dlpack_dtype& d) {
+  if (d.lanes != 1) return PAGEDATTN_DTYPE_INVALID;
+  if (d.code == PAGEDATTN_DLPACK_FLOAT && d.bits == 32) return PAGEDATTN_DTYPE_FLOAT32;
+  if (d.code == PAGEDATTN_DLPACK_FLOAT && d.bits == 16) return PAGEDATTN_DTYPE_FLOAT16;
+  if (d.code == PAGEDATTN_DLPACK_BFLOAT && d.bits == 16) return PAGEDATTN_DTYPE_BFLOAT16;
+  if (d.code == PAGEDATTN_DLPACK_FLOAT8_E4M3FN && d.bits == 8) return PAGEDATTN_DTYPE_FP8_E4M3;
+  if (d.code == PAGEDATTN_DLPACK_FLOAT8_E5M2 && d.bits == 8) return PAGEDATTN_DTYPE_FP8_E5M2;
+  return PAGEDATTN_DTYPE_INVALID;
+}
+
+std::string shape_str(const int64_t* s, int32_t n) {
+  std::string out = "[";
+  for (int32_t i = 0; i < n; ++i)
+    out += format("%s%lld", i ? ", " : "", static_cast<long long>(s[i]));
+  return out + "]";
+}
+
+/* Common rank/shape/stride checks; returns the strides (compact when NULL). */
+void check_shape(const pagedattn_tensor* t, const char* name, const int64_t* want, int32_t n,
+                 int64_t* strides) {
+  if (t->ndim != n)
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: ndim %d != %d (expected shape %s)", name, t->ndim, n,
+         shape_str(want, n).c_str());
+  if (!t->shape) fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape is NULL", name);
+  for (int32_t i = 0; i < n; ++i)
+    if (t->shape[i] != want[i])
+      fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape %s != expected %s", name,
+           shape_str(t->shape, n).c_str(), shape_str(want, n).c_str());
+  if (t->strides) {
+    if (t->strides[n - 1] != 1)
+      fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: innermost stride %lld != 1", name,
+           static_cast<long long>(t->strides[n - 1]));
+    for (int32_t i = 0; i < n; ++i) strides[i] = t->strides[i];
+  } else {
+    int64_t s = 1;
+    for (int32_t i = n - 1; i >= 0; --i) {
+      strides[i] = s;
+      s *= want[i];
+    }
+  }
+}
+
+void* data_of(const pagedattn_tensor* t, const char* name, int64_t numel) {
+  if (!t->data) {
+    if (numel > 0) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s->data is NULL", name);
+    return nullptr;
+  }
+  return static_cast<char*>(t->data) + t->byte_offset;
+}
+
+}  // namespace
+
+pagedattn_dtype tensor_float_dtype(const pagedattn_tensor* t, const char* name) {
+  if (!t) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  const pagedattn_dtype dt = map_dtype(t->dtype);
+  if (dt != PAGEDATTN_DTYPE_FLOAT32 && dt != PAGEDATTN_DTYPE_FLOAT16 &&
+      dt != PAGEDATTN_DTYPE_BFLOAT16)
+    fail(PAGEDATTN_ERROR_BAD_TENSOR,
+         "%s: dtype {code %u, bits %u, lanes %u} is not float32, float16 or bfloat16", name,
+         t->dtype.code, t->dtype.bits, t->dtype.lanes);
+  return dt;
+}
+
+pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
+                    int32_t dim, pagedattn_dtype dt, const pagedattn_device& dev) {
+  if (!t) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  const int64_t want[3] = {rows, heads, dim};
+  int64_t strides[3];
+  check_shape(t, name, want, 3, strides);
+  const pagedattn_dtype got = tensor_float_dtype(t, name);
+  if (got != dt)
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype %s != expected %s", name, dtype_name(got),
+         dtype_name(dt));
+  check_device(t->device, dev, name, "the backend");
+  pa_tensor3 r;
+  r.data = data_of(t, name, rows * heads * static_cast<int64_t>(dim));
+  r.dtype = dt;
+  r.rows = rows;
+  r.heads = heads;
+  r.dim = dim;
+  r.row_stride = strides[0];
+  r.head_stride = strides[1];
+  return r;
+}
+
+pa_lse resolve_lse(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
+                   const pagedattn_device& dev) {
+  if (!t) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  const int64_t want[2] = {rows, heads};
+  int64_t strides[2];
+  check_shape(t, name, want, 2, strides);
+  if (map_dtype(t->dtype) != PAGEDATTN_DTYPE_FLOAT32)
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype {code %u, bits %u, lanes %u} is not float32",
+         name, t->dtype.code, t->dtype.bits, t->dtype.lanes);
+  check_device(t->device, dev, name, "the backend");
+  pa_lse r;
+  r.data = static_cast<float*>(data_of(t, name, rows * heads));
+  r.row_stride = strides[0];
+  r.head_stride = strides[1];
+  return r;
+}
+
+uint64_t check_cache_desc(const pagedattn_kv_cache_desc& d, bool need_blocks) {
+  if (d.num_layers < 1)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->num_layers = %d < 1", d.num_layers);
+  if (d.num_blocks < (need_blocks ? 1 : 0))
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->num_blocks = %d < %d", d.num_blocks,
+         need_blocks ? 1 : 0);
+  if (d.block_size < 1 || d.block_size > 256 || (d.block_size & (d.block_size - 1)) != 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->block_size = %d is not a power of two in 1..256", d.block_size);
+  if (d.num_kv_heads < 1)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->num_kv_heads = %d < 1", d.num_kv_heads);
+  if (d.head_size < 1)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->head_size = %d < 1", d.head_size);
+  if (!dtype_valid(d.dtype))
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->dtype = %d is not a valid pagedattn_dtype",
+         static_cast<int>(d.dtype));
+  if (d.layout != PAGEDATTN_LAYOUT_NHD && d.layout != PAGEDATTN_LAYOUT_HND)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->layout = %d is not NHD (0) or HND (1)",
+         static_cast<int>(d.layout));
+  const uint32_t unknown = d.flags & ~static_cast<uint32_t>(PAGEDATTN_KV_CACHE_HOST);
+  if (unknown)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->flags = 0x%x has unknown bits 0x%x", d.flags,
+         unknown);
+  /* bytes per block = layers * 2 * bs * Hkv * D * esize; the whole cache must also be
+   * addressable with int64 element offsets. */
+  uint64_t bpb = 0, total = 0;
+  bool ovf = __builtin_mul_overflow(static_cast<uint64_t>(d.num_layers), 2ull, &bpb);
+  ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(d.block_size), &bpb);
+  ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(d.num_kv_heads), &bpb);
+  ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(d.head_size), &bpb);
+  ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(dtype_size(d.dtype)), &bpb);
+  ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(d.num_blocks), &total);
+  if (ovf || total > static_cast<uint64_t>(INT64_MAX) || bpb > static_cast<uint64_t>(INT64_MAX))
+    fail(PAGEDATTN_ERROR_OVERFLOW,
+         "cache size overflows: %d layers x 2 x %d blocks x %d slots x %d heads x %d x %zu bytes",
+         d.num_layers, d.num_blocks, d.block_size, d.num_kv_heads, d.head_size,
+         dtype_size(d.dtype));
+  return bpb;
+}
+
+std::string block_size_list(uint32_t mask) {
+  std::string s;
+  for (int k = 0; k <= 8; ++k)
+    if (mask & (1u << k)) s += format("%s%d", s.empty() ? "" : ", ", 1 << k);
+  return s.empty() ? std::string("none") : s;
+}
+
+std::string head_size_list(uint32_t mask) {
+  std::string s;
+  for (int i = 0; i < 32; ++i)
+    if (mask & (1u << i)) s += format("%s%d", s.empty() ? "" : ", ", 8 * (i + 1));
+  return s.empty() ? std::string("none") : s;
+}
+
+void check_cache_caps(const pagedattn_kv_cache_desc& d, const pagedattn_capabilities& caps) {
+  const char* be = caps.name ? caps.name : "backend";
+  if (!(caps.cache_dtypes & PAGEDATTN_DTYPE_BIT(d.dtype)))
+    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: cache dtype %s is not supported (supported: %s)", be,
+         dtype_name(d.dtype), dtype_mask_names(caps.cache_dtypes).c_str());
+  if ((d.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || d.dtype == PAGEDATTN_DTYPE_FP8_E5M2) &&
+      !(caps.features & PAGEDATTN_FEATURE_FP8_CACHE))
+    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: fp8 caches are not supported", be);
+  const int log2bs = __builtin_ctz(static_cast<unsigned>(d.block_size));
+  if (!(caps.block_sizes & (1u << log2bs)))
+    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: block_size %d is not supported (supported: %s)", be,
+         d.block_size, block_size_list(caps.block_sizes).c_str());
+  const bool head_ok = d.head_size % 8 == 0 && d.head_size <= 256 &&
+                       (caps.head_sizes & (1u << (d.head_size / 8 - 1)));
+  if (!head_ok)
+    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: head_size %d is not supported (supported: %s)", be,
+         d.head_size, head_size_list(caps.head_sizes).c_str());
+  if (!(caps.layouts & (1u << d.layout)))
+    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: layout %s is not supported", be,
+         d.layout == PAGEDATTN_LAYOUT_NHD ? "NHD" : "HND");
+}
+
+void check_ids(const int32_t* arr, size_t n, size_t step, size_t offset, int32_t num_blocks,
+               const char* arrname, const char* limit_name) {
+  for (size_t k = 0; k < n; ++k) {
+    const size_t idx = k * step + offset;
+    const int32_t id = arr[idx];
+    if (id < 0)
+      fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "%s[%zu] = %d < 0", arrname, idx, id);
+    if (id >= num_blocks)
+      fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "%s[%zu] = %d >= %s %d", arrname, idx, id, limit_name,
+           num_blocks);
+  }
+}
+
+void check_unique(const int32_t* arr, size_t n, size_t step, size_t offset, const char* arrname,
+                  const char* role) {
+  if (n < 2) return;
+  std::vector<std::pair<int32_t, size_t>> v(n);
+  for (size_t k = 0; k < n; ++k) v[k] = {arr[k * step + offset], k * step + offset};
+  std::sort(v.begin(), v.end());
+  for (size_t k = 1; k < n; ++k)
+    if (v[k].first == v[k - 1].first)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "%s[%zu] = %d repeats %s[%zu] (%s appears twice)",
+           arrname, v[k].second, v[k].first, arrname, v[k - 1].second, role);
+}
+
+}  // namespace pa

@@ -1,0 +1,53 @@
+/* lib/validate.h — checks shared by the entry points: devices, tensors (rank, shape, dtype,
+ * strides) resolved into the backend ABI's pa_tensor3 / pa_lse, cache geometry, block-id lists. */
+#ifndef PAGEDATTN_LIB_VALIDATE_H
+#define PAGEDATTN_LIB_VALIDATE_H
+
+#include <string>
+
+#include "handles.h"
+
+namespace pa {
+
+bool is_host_device_type(int32_t type);
+std::string device_str(const pagedattn_device& d);
+
+/* Is memory on `have` usable where `want` is expected? CPU wants exactly CPU; a host cache of a
+ * GPU backend (CUDA_HOST/ROCM_HOST) takes any host memory; a GPU wants its type and ordinal. */
+bool device_matches(const pagedattn_device& have, const pagedattn_device& want);
+void check_device(const pagedattn_device& have, const pagedattn_device& want, const char* name,
+                  const char* where);
+
+/* The tensor's element type; BAD_TENSOR naming `name` if it is not float32/float16/bfloat16. */
+pagedattn_dtype tensor_float_dtype(const pagedattn_tensor* t, const char* name);
+
+/* Checks a [rows, heads, dim] tensor (ndim, shape, unit innermost stride, data) of dtype `dt`
+ * on `dev` and resolves it. */
+pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
+                    int32_t dim, pagedattn_dtype dt, const pagedattn_device& dev);
+
+/* Checks a float32 [rows, heads] tensor on `dev` and resolves it. */
+pa_lse resolve_lse(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
+                   const pagedattn_device& dev);
+
+/* Validates a cache geometry without a backend (sizes, power-of-two block size, dtype, layout,
+ * flags, byte counts that fit). Returns bytes per block (all layers, K and V). */
+uint64_t check_cache_desc(const pagedattn_kv_cache_desc& d, bool need_blocks);
+
+/* Refuses a geometry the backend's capabilities do not cover (UNSUPPORTED listing them). */
+void check_cache_caps(const pagedattn_kv_cache_desc& d, const pagedattn_capabilities& caps);
+
+std::string block_size_list(uint32_t mask);
+std::string head_size_list(uint32_t mask);
+
+/* Checks arr[offset + k*step] in [0, num_blocks) for k < n; `limit_name` names the bound
+ * ("num_blocks", "src num_blocks"). */
+void check_ids(const int32_t* arr, size_t n, size_t step, size_t offset, int32_t num_blocks,
+               const char* arrname, const char* limit_name);
+/* Refuses a repeated id among arr[offset], arr[offset + step], ... (n entries), naming arr. */
+void check_unique(const int32_t* arr, size_t n, size_t step, size_t offset, const char* arrname,
+                  const char* role);
+
+}  // namespace pa
+
+#endif /* PAGEDATTN_LIB_VALIDATE_H */
