@@ -550,6 +550,10 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
         bd.cross_block_tables = xtables.data();
         bd.cross_block_table_stride = xstride;
       }
+      if (refusal && cache && read_all(cache, nb, before) != PAGEDATTN_OK) {
+        fail = "read_blocks failed: " + std::string(pagedattn_last_error());
+        break;
+      }
       if (!check(pagedattn_batch_create(&batch, be, cache, cross ? cache : nullptr, &bd), "batch_create")) break;
       const int64_t* sm = nullptr;
       int64_t count = 0;
@@ -639,7 +643,11 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
   if (fail.empty() && fwd && st == PAGEDATTN_OK) {
     write_vec(dir + "/out.bin", out);
     if (c.lse) write_vec(dir + "/lse.bin", lse);
-    auto deq = [&](double x, float sc) { return is_fp8(c.cache_dtype) ? fp8_round(x / sc, c.cache_dtype) * sc : x; };
+    // x / scale in float, as the library must (a double quotient can fall on the other side of
+    // an fp8 rounding tie).
+    auto deq = [&](double x, float sc) {
+      return is_fp8(c.cache_dtype) ? fp8_round(static_cast<float>(x) / sc, c.cache_dtype) * sc : x;
+    };
     const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(D));
     const int G = H / Hkv;
     double max_err = 0, max_ref = 0, max_lse_err = 0;
