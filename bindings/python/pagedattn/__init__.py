@@ -1,0 +1,57 @@
+"""pagedattn: attention over a paged KV cache for LLM serving — Python binding (pure ctypes).
+
+The package loads ``libpagedattn.so`` on first use: from ``PAGEDATTN_LIBRARY`` (a file), else
+``PAGEDATTN_LIB_DIR`` (a directory), else the libdir of ``pkg-config pagedattn``, else the system
+loader. Plugins (oneDNN, CUDA, HIP) are found by the library itself (``PAGEDATTN_PLUGIN_PATH``).
+
+Tensors are numpy arrays (float32, float16; int32/int64 for slots), :class:`BFloat16Array`
+(numpy ``uint16`` holding bfloat16 bits, since numpy has no bfloat16), or any object with
+``__dlpack__`` (a torch tensor, zero copy). Every failing call raises :class:`PagedAttnError`
+carrying the :class:`Status` and the library's message.
+
+Example (one decode step)::
+
+    import numpy as np, pagedattn as pa
+    with pa.Backend("cpu") as be, pa.KVCache.create(be, num_layers=1, num_blocks=16,
+            block_size=16, num_kv_heads=2, head_size=64, dtype=pa.Dtype.FLOAT32) as cache:
+        batch = pa.Batch(be, cache, query_lens=[1, 1], context_lens=[5, 17],
+                         block_tables=[[7], [2, 11]])
+        out = pa.forward(be, batch, cache, 0, q, k, v)   # q [2, 8, 64], k/v [2, 2, 64] float32
+"""
+
+from ._core import (
+    AttentionType,
+    Backend,
+    BackendInfo,
+    Batch,
+    BatchInfo,
+    CacheDesc,
+    Capabilities,
+    Dtype,
+    Feature,
+    KVCache,
+    Layout,
+    PagedAttnError,
+    Status,
+    backends,
+    bytes_per_block,
+    dtype_size,
+    forward,
+    last_error,
+    merge_states,
+    status_string,
+    version,
+    version_string,
+)
+from ._ffi import library_path
+from ._tensor import BFloat16Array, from_bfloat16, to_bfloat16
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionType", "Backend", "BackendInfo", "Batch", "BatchInfo", "BFloat16Array",
+    "CacheDesc", "Capabilities", "Dtype", "Feature", "KVCache", "Layout", "PagedAttnError",
+    "Status", "backends", "bytes_per_block", "dtype_size", "forward", "from_bfloat16",
+    "last_error", "library_path", "merge_states", "status_string", "to_bfloat16", "version",
+    "version_string",
+]

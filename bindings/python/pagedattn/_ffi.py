@@ -1,0 +1,353 @@
+"""Low-level ctypes layer: finding libpagedattn, the C structs, and the function prototypes.
+
+Nothing here is public API; :mod:`pagedattn` wraps it. The structs mirror
+``include/pagedattn/*.h`` field by field (ctypes applies the same C alignment rules).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+import threading
+from typing import List, Optional
+
+c_int32 = ctypes.c_int32
+c_uint32 = ctypes.c_uint32
+c_int64 = ctypes.c_int64
+c_uint64 = ctypes.c_uint64
+c_uint8 = ctypes.c_uint8
+c_uint16 = ctypes.c_uint16
+c_float = ctypes.c_float
+c_size_t = ctypes.c_size_t
+c_void_p = ctypes.c_void_p
+c_char_p = ctypes.c_char_p
+
+
+class Device(ctypes.Structure):
+    """DLDevice / pagedattn_device."""
+
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    """DLDataType / pagedattn_dlpack_dtype."""
+
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class TensorStruct(ctypes.Structure):
+    """DLTensor / pagedattn_tensor."""
+
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", Device),
+        ("ndim", c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(c_int64)),
+        ("strides", ctypes.POINTER(c_int64)),
+        ("byte_offset", c_uint64),
+    ]
+
+
+class CapabilitiesStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("name", c_char_p),
+        ("device", Device),
+        ("features", c_uint32),
+        ("dtypes", c_uint32),
+        ("cache_dtypes", c_uint32),
+        ("layouts", c_uint32),
+        ("block_sizes", c_uint32),
+        ("head_sizes", c_uint32),
+        ("max_num_threads", c_int32),
+        ("total_memory", c_uint64),
+    ]
+
+
+class BackendOptionsStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("device_index", c_int32),
+        ("num_threads", c_int32),
+        ("flags", c_uint32),
+        ("memory_limit", c_uint64),
+    ]
+
+
+class BackendInfoStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("name", c_char_p),
+        ("available", c_int32),
+        ("reason", c_char_p),
+    ]
+
+
+class KVCacheDescStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("num_layers", c_int32),
+        ("num_blocks", c_int32),
+        ("block_size", c_int32),
+        ("num_kv_heads", c_int32),
+        ("head_size", c_int32),
+        ("dtype", ctypes.c_int),
+        ("layout", ctypes.c_int),
+        ("flags", c_uint32),
+    ]
+
+
+class KVCacheMemoryStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("k_layers", ctypes.POINTER(c_void_p)),
+        ("v_layers", ctypes.POINTER(c_void_p)),
+        ("block_stride", c_int64),
+        ("slot_stride", c_int64),
+        ("head_stride", c_int64),
+        ("device", Device),
+    ]
+
+
+_P32 = ctypes.POINTER(c_int32)
+_P64 = ctypes.POINTER(c_int64)
+
+
+class BatchDescStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("num_seqs", c_int32),
+        ("query_lens", _P32),
+        ("context_lens", _P32),
+        ("block_tables", _P32),
+        ("block_table_stride", c_int32),
+        ("slot_mapping", _P64),
+        ("encoder_lens", _P32),
+        ("cross_block_tables", _P32),
+        ("cross_block_table_stride", c_int32),
+        ("max_num_seqs", c_int32),
+        ("max_num_tokens", c_int64),
+        ("max_blocks_per_seq", c_int32),
+        ("max_num_encoder_tokens", c_int64),
+        ("max_seq_len", c_int64),
+    ]
+
+
+class BatchInfoStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("num_seqs", c_int32),
+        ("num_tokens", c_int64),
+        ("num_encoder_tokens", c_int64),
+        ("num_decode_seqs", c_int32),
+        ("num_prefill_seqs", c_int32),
+        ("max_query_len", c_int32),
+        ("max_seq_len", c_int64),
+        ("max_num_seqs", c_int32),
+        ("max_num_tokens", c_int64),
+        ("max_blocks_per_seq", c_int32),
+        ("block_size", c_int32),
+    ]
+
+
+class AttentionOptionsStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("num_heads", c_int32),
+        ("num_kv_heads", c_int32),
+        ("head_size", c_int32),
+        ("scale", c_float),
+        ("soft_cap", c_float),
+        ("sliding_window", c_int32),
+        ("attention_type", ctypes.c_int),
+        ("write_kv", c_int32),
+        ("k_scale", c_float),
+        ("v_scale", c_float),
+        ("alibi_slopes", ctypes.POINTER(TensorStruct)),
+        ("flags", c_uint32),
+    ]
+
+
+_PT = ctypes.POINTER(TensorStruct)
+_status = ctypes.c_int
+
+# name: (restype, argtypes)
+_PROTOTYPES = {
+    "pagedattn_status_string": (c_char_p, [ctypes.c_int]),
+    "pagedattn_last_error": (c_char_p, []),
+    "pagedattn_version": (c_int32, [_P32, _P32, _P32]),
+    "pagedattn_version_string": (c_char_p, []),
+    "pagedattn_dtype_name": (c_char_p, [ctypes.c_int]),
+    "pagedattn_dtype_size": (c_size_t, [ctypes.c_int]),
+    "pagedattn_dtype_to_dlpack": (_status, [ctypes.POINTER(DLDataType), ctypes.c_int]),
+    "pagedattn_dtype_from_dlpack": (_status, [ctypes.POINTER(ctypes.c_int), DLDataType]),
+    "pagedattn_backend_options_init": (_status, [ctypes.POINTER(BackendOptionsStruct)]),
+    "pagedattn_backend_count": (c_int32, []),
+    "pagedattn_backend_get_info": (_status, [ctypes.POINTER(BackendInfoStruct), c_int32]),
+    "pagedattn_backend_create": (
+        _status,
+        [ctypes.POINTER(c_void_p), c_char_p, ctypes.POINTER(BackendOptionsStruct)],
+    ),
+    "pagedattn_backend_destroy": (None, [c_void_p]),
+    "pagedattn_backend_get_capabilities": (
+        _status,
+        [ctypes.POINTER(CapabilitiesStruct), c_void_p],
+    ),
+    "pagedattn_backend_synchronize": (_status, [c_void_p, c_void_p]),
+    "pagedattn_kv_cache_desc_init": (_status, [ctypes.POINTER(KVCacheDescStruct)]),
+    "pagedattn_kv_cache_bytes_per_block": (
+        _status,
+        [ctypes.POINTER(c_uint64), ctypes.POINTER(KVCacheDescStruct)],
+    ),
+    "pagedattn_kv_cache_create": (
+        _status,
+        [ctypes.POINTER(c_void_p), c_void_p, ctypes.POINTER(KVCacheDescStruct)],
+    ),
+    "pagedattn_kv_cache_wrap": (
+        _status,
+        [
+            ctypes.POINTER(c_void_p),
+            c_void_p,
+            ctypes.POINTER(KVCacheDescStruct),
+            ctypes.POINTER(KVCacheMemoryStruct),
+        ],
+    ),
+    "pagedattn_kv_cache_destroy": (None, [c_void_p]),
+    "pagedattn_kv_cache_get_desc": (_status, [ctypes.POINTER(KVCacheDescStruct), c_void_p]),
+    "pagedattn_kv_cache_get_layer": (
+        _status,
+        [ctypes.POINTER(c_void_p), ctypes.POINTER(c_void_p), _P64, c_void_p, c_int32],
+    ),
+    "pagedattn_kv_cache_write": (
+        _status,
+        [c_void_p, c_int32, _PT, _PT, _PT, c_float, c_float, c_void_p],
+    ),
+    "pagedattn_kv_cache_copy_blocks": (_status, [c_void_p, _P32, c_size_t, c_void_p]),
+    "pagedattn_kv_cache_swap_blocks": (_status, [c_void_p, c_void_p, _P32, c_size_t, c_void_p]),
+    "pagedattn_kv_cache_read_blocks": (
+        _status,
+        [c_void_p, _P32, c_size_t, c_void_p, c_size_t, c_void_p],
+    ),
+    "pagedattn_kv_cache_load_blocks": (
+        _status,
+        [c_void_p, _P32, c_size_t, c_void_p, c_size_t, c_void_p],
+    ),
+    "pagedattn_batch_desc_init": (_status, [ctypes.POINTER(BatchDescStruct)]),
+    "pagedattn_batch_create": (
+        _status,
+        [ctypes.POINTER(c_void_p), c_void_p, c_void_p, c_void_p, ctypes.POINTER(BatchDescStruct)],
+    ),
+    "pagedattn_batch_update": (_status, [c_void_p, ctypes.POINTER(BatchDescStruct)]),
+    "pagedattn_batch_destroy": (None, [c_void_p]),
+    "pagedattn_batch_get_info": (_status, [ctypes.POINTER(BatchInfoStruct), c_void_p]),
+    "pagedattn_batch_get_slot_mapping": (
+        _status,
+        [ctypes.POINTER(_P64), ctypes.POINTER(c_int64), c_void_p],
+    ),
+    "pagedattn_batch_get_query_start": (
+        _status,
+        [ctypes.POINTER(_P32), ctypes.POINTER(c_int32), c_void_p],
+    ),
+    "pagedattn_batch_get_cross_slot_mapping": (
+        _status,
+        [ctypes.POINTER(_P64), ctypes.POINTER(c_int64), c_void_p],
+    ),
+    "pagedattn_attention_options_init": (_status, [ctypes.POINTER(AttentionOptionsStruct)]),
+    "pagedattn_forward": (
+        _status,
+        [
+            c_void_p,
+            c_void_p,
+            c_void_p,
+            c_int32,
+            ctypes.POINTER(AttentionOptionsStruct),
+            _PT,
+            _PT,
+            _PT,
+            _PT,
+            _PT,
+            c_void_p,
+        ],
+    ),
+    "pagedattn_merge_states": (_status, [c_void_p, _PT, _PT, _PT, _PT, _PT, _PT, c_void_p]),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+
+
+def _candidates() -> List[str]:
+    """Where to look for libpagedattn, in order (see :func:`load`)."""
+    found: List[str] = []
+    env_file = os.environ.get("PAGEDATTN_LIBRARY")
+    if env_file:
+        return [env_file]  # an explicit choice: never fall back silently
+    env_dir = os.environ.get("PAGEDATTN_LIB_DIR")
+    if env_dir:
+        return [os.path.join(env_dir, n) for n in ("libpagedattn.so", "libpagedattn.so.0")]
+    pkg_config = shutil.which("pkg-config")
+    if pkg_config:
+        try:
+            libdir = subprocess.run(
+                [pkg_config, "--variable=libdir", "pagedattn"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            libdir = ""
+        if libdir:
+            found.append(os.path.join(libdir, "libpagedattn.so"))
+            found.append(os.path.join(libdir, "libpagedattn.so.0"))
+    system = ctypes.util.find_library("pagedattn")
+    if system:
+        found.append(system)
+    found.append("libpagedattn.so.0")
+    found.append("libpagedattn.so")
+    return found
+
+
+def load() -> ctypes.CDLL:
+    """Loads libpagedattn once and returns it.
+
+    Search order: the file named by ``PAGEDATTN_LIBRARY``; else ``libpagedattn.so`` in
+    ``PAGEDATTN_LIB_DIR``; else the libdir that ``pkg-config pagedattn`` reports; else the system
+    loader. Raises :class:`OSError` listing every place tried.
+    """
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        errors = []
+        for path in _candidates():
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+                continue
+            for name, (res, args) in _PROTOTYPES.items():
+                fn = getattr(lib, name)
+                fn.restype = res
+                fn.argtypes = args
+            _lib_path = path
+            _lib = lib
+            return lib
+        raise OSError(
+            "pagedattn: cannot load libpagedattn (set PAGEDATTN_LIBRARY to the file or "
+            "PAGEDATTN_LIB_DIR to its directory); tried:\n  " + "\n  ".join(errors)
+        )
+
+
+def library_path() -> str:
+    """The path (or name) libpagedattn was loaded from."""
+    load()
+    assert _lib_path is not None
+    return _lib_path

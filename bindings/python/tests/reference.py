@@ -1,0 +1,49 @@
+"""A float64 numpy reference of decoder attention over positions (SPEC.md section 4/6)."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+def decoder_attention(q: np.ndarray, keys: Sequence[np.ndarray], values: Sequence[np.ndarray],
+                      query_lens: Sequence[int], context_lens: Sequence[int], *,
+                      scale: Optional[float] = None, soft_cap: float = 0.0, window: int = 0,
+                      alibi: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+    """q: [T, H, D]; keys[i]/values[i]: every token of sequence i, [context+query, Hkv, D].
+    Returns (out [T, H, D], lse [T, H]) in float64."""
+    T, H, D = q.shape
+    out = np.zeros((T, H, D))
+    lse = np.full((T, H), -np.inf)
+    scale = 1.0 / np.sqrt(D) if not scale else scale
+    row = 0
+    for i, (ql, cl) in enumerate(zip(query_lens, context_lens)):
+        K = np.asarray(keys[i], dtype=np.float64)
+        V = np.asarray(values[i], dtype=np.float64)
+        g = H // K.shape[1]
+        for j in range(ql):
+            p = cl + j
+            pos = np.arange(p + 1)
+            if window > 0:
+                pos = pos[p - pos < window]
+            for h in range(H):
+                kh = h // g
+                s = K[pos, kh, :] @ q[row, h].astype(np.float64) * scale
+                if soft_cap > 0:
+                    s = soft_cap * np.tanh(s / soft_cap)
+                if alibi is not None:
+                    s = s + float(alibi[h]) * (pos - p)
+                m = s.max()
+                e = np.exp(s - m)
+                out[row, h] = e @ V[pos, kh, :] / e.sum()
+                lse[row, h] = m + np.log(e.sum())
+            row += 1
+    return out, lse
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    if np.isnan(got).any():
+        return float("inf")
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))

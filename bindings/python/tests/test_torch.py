@@ -1,0 +1,59 @@
+"""Torch CPU tensors through DLPack (zero copy), against the float64 reference and numpy path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import pagedattn as pa
+from reference import rel_err
+from test_api import TOL, Scenario
+
+torch = pytest.importorskip("torch", reason="python3-torch not installed: DLPack tests skipped")
+
+
+@pytest.mark.parametrize("tdt,dt", [("float32", "f32"), ("float16", "f16"), ("bfloat16", "bf16")])
+def test_torch_tensors_through_dlpack(be: pa.Backend, tdt: str, dt: str) -> None:
+    sc = Scenario(be, dt, seed=16)
+
+    def tt(x: Any):
+        if isinstance(x, pa.BFloat16Array):
+            return torch.from_numpy(x.to_float32()).to(torch.bfloat16)
+        return torch.from_numpy(np.asarray(x)).to(getattr(torch, tdt))
+
+    q, k, v = tt(sc.q), tt(sc.k), tt(sc.v)
+    out = torch.full(tuple(q.shape), float("nan"), dtype=getattr(torch, tdt))
+    lse = torch.empty((q.shape[0], sc.H), dtype=torch.float32)
+    pa.forward(be, sc.batch, sc.cache, 0, q, k, v, out=out, lse=lse)
+    got = out.to(torch.float64).numpy()
+    ref, ref_lse = sc.reference()
+    assert rel_err(got, ref) <= TOL[dt]
+    assert np.allclose(lse.numpy(), ref_lse, rtol=max(TOL[dt], 1e-5), atol=1e-5)
+    # Same library, same inputs: the numpy path gives the same bits.
+    sc2 = Scenario(be, dt, seed=16)
+    np_out = pa.forward(be, sc2.batch, sc2.cache, 0, sc2.q, sc2.k, sc2.v)
+    np_bits = np_out.array if isinstance(np_out, pa.BFloat16Array) else np_out
+    assert out.view(torch.int16).numpy().tobytes() == np_bits.tobytes()
+    # A torch output allocated by the binding when out= is omitted.
+    auto = pa.forward(be, sc2.batch, sc2.cache, 0, q, k, v, write_kv=False)
+    assert isinstance(auto, torch.Tensor) and auto.dtype == q.dtype
+
+
+def test_torch_wrap_and_refusals(be: pa.Backend) -> None:
+    kc = torch.zeros((4, 16, 2, 64), dtype=torch.float32)
+    vc = torch.zeros((4, 16, 2, 64), dtype=torch.float32)
+    cache = pa.KVCache.wrap(be, [kc], [vc])
+    cache.write(0, torch.ones((1, 2, 64)), torch.ones((1, 2, 64)),
+                torch.tensor([17], dtype=torch.int64))
+    assert kc[1, 1].eq(1).all() and kc.sum() == 128
+    batch = pa.Batch(be, cache, [1], [0], [[2]])
+    with pytest.raises(pa.PagedAttnError) as e:  # float64 is refused by the library
+        pa.forward(be, batch, cache, 0, torch.zeros((1, 4, 64), dtype=torch.float64),
+                   torch.zeros((1, 2, 64), dtype=torch.float64),
+                   torch.zeros((1, 2, 64), dtype=torch.float64))
+    assert e.value.code == pa.Status.BAD_TENSOR
+    with pytest.raises(TypeError, match="__dlpack__"):
+        pa.forward(be, batch, cache, 0, torch.zeros((1, 4, 64), requires_grad=True),
+                   torch.zeros((1, 2, 64)), torch.zeros((1, 2, 64)))
