@@ -30,6 +30,28 @@
 //!     &mut TensorMut::new(&mut out, DType::F32, &[1, 4, 64])?, None)?;
 //! # Ok(()) }
 //! ```
+//!
+//! A cache cannot outlive its backend:
+//!
+//! ```compile_fail
+//! # use pagedattn::{Backend, CacheDesc, KvCache};
+//! let cache = {
+//!     let backend = Backend::new("cpu").unwrap();
+//!     KvCache::new(&backend, &CacheDesc::default()).unwrap()
+//! }; // error: `backend` does not live long enough
+//! # drop(cache);
+//! ```
+//!
+//! nor can a wrapped cache let its memory be touched while it lives:
+//!
+//! ```compile_fail
+//! # use pagedattn::{Backend, CacheDesc, KvCache};
+//! let backend = Backend::new("cpu").unwrap();
+//! let (mut k, mut v) = (vec![0f32; 64], vec![0f32; 64]);
+//! let cache = KvCache::wrap(&backend, &CacheDesc::default(), vec![&mut k[..]], vec![&mut v[..]], None);
+//! k[0] = 1.0; // error: `k` is borrowed mutably by the cache
+//! drop(cache);
+//! ```
 
 #![deny(missing_docs)]
 

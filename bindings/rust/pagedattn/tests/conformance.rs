@@ -187,6 +187,12 @@ fn run_case(dir: &Path) -> Result<(), String> {
                       &Tensor::from_i64(&slots), m.f("k_scale"), m.f("v_scale")));
             }
         }
+        // A refusal after the context write must leave the cache as the write left it.
+        if refusal {
+            if let Some(c) = cache.as_ref() {
+                before = Some(read_all(c).map_err(|e| e.to_string())?);
+            }
+        }
         match op.as_str() {
             "forward" => {
                 let tables = if enc_only { None } else { Some(read_i32(file("tables.bin"))) };
