@@ -1,0 +1,58 @@
+"""How the package finds libpagedattn (in fresh interpreters, since loading happens once)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import pagedattn as pa
+
+PKG_DIR = str(Path(pa.__file__).resolve().parent.parent)
+PROBE = "import pagedattn as pa; print(pa.library_path()); print(pa.version_string())"
+
+
+def run_probe(env_extra: dict) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PAGEDATTN_LIBRARY", "PAGEDATTN_LIB_DIR", "PKG_CONFIG_PATH")}
+    env.update(env_extra)
+    env["PYTHONPATH"] = PKG_DIR
+    return subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_lib_dir() -> None:
+    lib_dir = os.path.dirname(pa.library_path())
+    r = run_probe({"PAGEDATTN_LIB_DIR": lib_dir})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0].startswith(lib_dir)
+    assert r.stdout.splitlines()[1] == pa.version_string()
+
+
+def test_pkg_config(tmp_path: Path) -> None:
+    if not shutil.which("pkg-config"):
+        pytest.skip("pkg-config not installed: pkg-config lookup not tested")
+    lib_dir = os.path.dirname(os.path.realpath(pa.library_path()))
+    (tmp_path / "pagedattn.pc").write_text(textwrap.dedent(f"""\
+        libdir={lib_dir}
+        includedir=/nonexistent
+        Name: pagedattn
+        Description: test
+        Version: {pa.version_string()}
+        Libs: -L${{libdir}} -lpagedattn
+        """))
+    r = run_probe({"PKG_CONFIG_PATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == os.path.join(lib_dir, "libpagedattn.so")
+
+
+def test_missing_library_is_a_clear_error(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope" / "libpagedattn.so")
+    r = run_probe({"PAGEDATTN_LIBRARY": missing})
+    assert r.returncode != 0
+    assert "cannot load libpagedattn" in r.stderr and missing in r.stderr
