@@ -78,20 +78,57 @@ HWY_INLINE void load_row(const void* src, pagedattn_dtype dt, float scale, float
   for (; i < n; ++i) dst[i] = load_elem(src, i, dt, scale);
 }
 
-// Address of key/value `pos` of the item's KV head.
-HWY_INLINE const void* kv_addr(const KVSource& s, bool value, int64_t pos, int32_t kv_head) {
-  const void* base = value ? s.v : s.k;
-  int64_t off;
+// Converts keys (or values) [kt0, kt0 + nk) of the item's KV head into rows of dst (stride Dp).
+HWY_INLINE void load_tile(const AttnItem& it, bool value, int64_t kt0, int nk, float* dst,
+                          int Dp) {
+  const KVSource& s = it.kv;
+  const char* base = static_cast<const char*>(value ? s.v : s.k);
+  const int64_t esz = static_cast<int64_t>(elem_size(s.dtype));
+  const float scale = value ? s.v_scale : s.k_scale;
   if (s.table != nullptr) {
-    const int64_t block = s.table[pos / s.block_size];
-    const int64_t slot = pos % s.block_size;
-    off = block * s.block_stride + slot * s.slot_stride + kv_head * s.head_stride;
-  } else if (!value) {
-    off = (s.row0 + pos) * s.block_stride + kv_head * s.head_stride;
-  } else {
-    off = (s.row0 + pos) * s.v_block_stride + kv_head * s.v_head_stride;
+    // Block sizes are powers of two: shift and mask, no division per key.
+    const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
+    const int64_t mask = s.block_size - 1;
+    const int64_t head = static_cast<int64_t>(it.kv_head) * s.head_stride;
+    for (int k = 0; k < nk; ++k) {
+      const int64_t pos = kt0 + k;
+      const int64_t off = s.table[pos >> shift] * s.block_stride + (pos & mask) * s.slot_stride + head;
+      load_row(base + off * esz, s.dtype, scale, dst + static_cast<size_t>(k) * Dp, it.head_size);
+    }
+    return;
   }
-  return static_cast<const char*>(base) + off * static_cast<int64_t>(elem_size(s.dtype));
+  const int64_t rs = value ? s.v_block_stride : s.block_stride;
+  const int64_t head = static_cast<int64_t>(it.kv_head) * (value ? s.v_head_stride : s.head_stride);
+  for (int k = 0; k < nk; ++k) {
+    const int64_t off = (s.row0 + kt0 + k) * rs + head;
+    load_row(base + off * esz, s.dtype, scale, dst + static_cast<size_t>(k) * Dp, it.head_size);
+  }
+}
+
+// Prefetches the K and V rows of keys [kt0, kt0 + nk): paged rows are scattered (shuffled
+// blocks, strided heads), which the hardware prefetchers do not follow.
+HWY_INLINE void prefetch_tile(const AttnItem& it, int64_t kt0, int nk) {
+  const KVSource& s = it.kv;
+  const int64_t esz = static_cast<int64_t>(elem_size(s.dtype));
+  const int64_t bytes = static_cast<int64_t>(it.head_size) * esz;
+  for (int k = 0; k < nk; ++k) {
+    const int64_t pos = kt0 + k;
+    int64_t koff, voff;
+    if (s.table != nullptr) {
+      const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
+      koff = voff = s.table[pos >> shift] * s.block_stride +
+                    (pos & (s.block_size - 1)) * s.slot_stride + it.kv_head * s.head_stride;
+    } else {
+      koff = (s.row0 + pos) * s.block_stride + it.kv_head * s.head_stride;
+      voff = (s.row0 + pos) * s.v_block_stride + it.kv_head * s.v_head_stride;
+    }
+    const char* kp = static_cast<const char*>(s.k) + koff * esz;
+    const char* vp = static_cast<const char*>(s.v) + voff * esz;
+    for (int64_t b = 0; b < bytes; b += 64) {
+      __builtin_prefetch(kp + b);
+      __builtin_prefetch(vp + b);
+    }
+  }
 }
 
 // s[r * kKeyTile + k] = q_r . k_k for rows [0, rows) and keys [0, nk); Dp is a multiple of the
@@ -248,13 +285,13 @@ void AttentionItem(const AttnItem& it, Scratch* sc) {
   };
   const int64_t kbeg = std::max(it.key0, row_lo(0));
   const int64_t kend = std::min(it.key1, row_hi(ntok - 1) + 1);
+  const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
 
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
-    for (int k = 0; k < nk; ++k) {
-      load_row(kv_addr(it.kv, false, kt0 + k, it.kv_head), it.kv.dtype, it.kv.k_scale,
-               sc->kt + static_cast<size_t>(k) * Dp, D);
-    }
+    if (kt0 + kKeyTile < kend)
+      prefetch_tile(it, kt0 + kKeyTile, static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile)));
+    load_tile(it, false, kt0, nk, sc->kt, Dp);
     scores(sc->q, sc->kt, rows, nk, Dp, sc->s);
     bool any = false;
     for (int t = 0; t < ntok; ++t) {
@@ -265,6 +302,9 @@ void AttentionItem(const AttnItem& it, Scratch* sc) {
         float* s = sc->s + r * kKeyTile;
         const float slope = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
         float mt = kNegInf;
+        if (plain && lo <= kt0 && kt0 + nk - 1 <= hi) {  // whole tile visible, nothing to add
+          for (int k = 0; k < nk; ++k) mt = std::max(mt, s[k]);
+        } else {
         for (int k = 0; k < nk; ++k) {
           const int64_t kp = kt0 + k;
           float x = s[k];
@@ -276,6 +316,7 @@ void AttentionItem(const AttnItem& it, Scratch* sc) {
           }
           s[k] = x;
           mt = std::max(mt, x);
+        }
         }
         for (int k = nk; k < kKeyTile; ++k) s[k] = kNegInf;
         if (mt == kNegInf) {  // nothing visible in this tile for this row
@@ -294,10 +335,7 @@ void AttentionItem(const AttnItem& it, Scratch* sc) {
       }
     }
     if (!any) continue;
-    for (int k = 0; k < nk; ++k) {
-      load_row(kv_addr(it.kv, true, kt0 + k, it.kv_head), it.kv.dtype, it.kv.v_scale,
-               sc->vt + static_cast<size_t>(k) * Dp, D);
-    }
+    load_tile(it, true, kt0, nk, sc->vt, Dp);
     accumulate(sc->acc, sc->s, sc->vt, rows, nk, Dp);
   }
 

@@ -66,6 +66,12 @@ struct Scratch {
   float s[kMaxRows * kKeyTile];
   float m[kMaxRows];
   float l[kMaxRows];
+  /* Per-row masking data of the row-vectorised path. */
+  float alpha[kMaxRows];
+  float posf[kMaxRows];
+  float slope[kMaxRows];
+  int32_t lo[kMaxRows];
+  int32_t hi[kMaxRows];
 };
 
 /* One work item: query tokens [tok0, tok1) of a sequence (rows of q/out from q_row0) and query
