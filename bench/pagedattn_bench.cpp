@@ -181,22 +181,24 @@ std::string fmt_bytes(double b) {
   return buf;
 }
 
-// Progress on stderr for long runs: at most one line a second, overwritten in place.
+// Progress on stderr for long runs: on a terminal one line a second, overwritten in place;
+// otherwise (a log file) a plain line every 10 s.
 struct Progress {
   const char* what;
   double start = now_s(), last = 0;
-  bool printed = false;
+  bool printed = false, tty = isatty(2) != 0;
   explicit Progress(const char* w) : what(w) {}
   void tick(int i, int n) {
     double t = now_s();
-    if (t - start < 2.0 || t - last < 1.0) return;
+    if (t - start < 2.0 || t - last < (tty ? 1.0 : 10.0)) return;
     last = t;
     printed = true;
-    std::fprintf(stderr, "\r  %s: %d/%d (%.0f s)   ", what, i, n, t - start);
+    std::fprintf(stderr, tty ? "\r  [%s: %d/%d, %.0f s]   " : "  [%s: %d/%d, %.0f s]\n", what, i,
+                 n, t - start);
     std::fflush(stderr);
   }
   ~Progress() {
-    if (printed) std::fprintf(stderr, "\r%60s\r", "");
+    if (printed && tty) std::fprintf(stderr, "\r%70s\r", "");
   }
 };
 
@@ -318,6 +320,17 @@ int main(int argc, char** argv) {
                o.layout.c_str(), pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt));
   std::fprintf(txt, "  pool: %d blocks x %d layers = %s (LLC %s; one layer per call, rotated)\n",
                c.num_blocks, L, fmt_bytes(L * layer_bytes).c_str(), fmt_bytes((double)llc).c_str());
+  {
+    double l1 = 0, l5 = 0;
+    FILE* la = std::fopen("/proc/loadavg", "r");
+    if (la != nullptr) {
+      if (std::fscanf(la, "%lf %lf", &l1, &l5) != 2) l1 = l5 = -1;
+      std::fclose(la);
+      // Other processes on the cores skew every number; say so next to them.
+      std::fprintf(txt, "  load average before the run: %.2f (1 min), %.2f (5 min) on %ld cores\n",
+                   l1, l5, sysconf(_SC_NPROCESSORS_ONLN));
+    }
+  }
   if (!o.no_ceilings) {
     std::fprintf(txt, "  ceiling: read bandwidth %.2f GB/s best of %d (median %.2f), %s buffer\n",
                  bw.bytes_per_s / 1e9, bw.passes, bw.median_bytes_per_s / 1e9,
@@ -332,6 +345,7 @@ int main(int argc, char** argv) {
                    bgemm.flops_per_s / 1e9);
     else std::fprintf(txt, "  (for reference) bf16 matmul: %s\n", bgemm.error.c_str());
   }
+  std::fflush(txt);
 
   std::vector<double> times;
   double bytes = 0, flops = 0;

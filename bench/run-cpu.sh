@@ -1,0 +1,41 @@
+#!/bin/sh
+# Runs the CPU targets of issue 4 in one go and keeps every record.
+# usage: bench/run-cpu.sh [builddir] [outdir]   (defaults: build, <builddir>/bench-out)
+# Needs a build with the bench and (for the onednn rows) the oneDNN plugin.
+set -eu
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build}
+out=${2:-}
+case $build in /*) ;; *) build=$here/$build ;; esac
+[ -n "$out" ] || out=$build/bench-out
+bench=$build/bench/pagedattn-bench
+[ -x "$bench" ] || { echo "run-cpu.sh: $bench not built" >&2; exit 1; }
+export PAGEDATTN_PLUGIN_PATH=$build/kernels/onednn${PAGEDATTN_PLUGIN_PATH:+:$PAGEDATTN_PLUGIN_PATH}
+mkdir -p "$out"
+: > "$out/records.jsonl"
+
+run() {  # name, then the bench flags
+  name=$1
+  shift
+  echo "== $name: pagedattn-bench $*"
+  "$bench" --json "$@" 2> "$out/$name.txt" >> "$out/records.jsonl" || {
+    cat "$out/$name.txt"; echo "run-cpu.sh: $name failed" >&2; exit 1; }
+  cat "$out/$name.txt"
+}
+
+common="--heads 32 --kv-heads 8 --head-size 128 --block-size 16"
+run decode-bf16      --mode decode --batch 16 --context 4096 $common --dtype bf16 --cache-dtype bf16
+run decode-fp8       --mode decode --batch 16 --context 4096 $common --dtype bf16 --cache-dtype fp8_e4m3
+run decode-bf16-t1   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 1
+run decode-bf16-t2   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 2
+run prefill-cpu      --mode prefill --batch 4 --query 2048 $common --dtype bf16 --iters 5 --warmup 1
+run prefill-onednn   --mode prefill --batch 4 --query 2048 $common --dtype bf16 --iters 5 --warmup 1 \
+                     --backend onednn --baseline-iters 0
+run decode-onednn    --mode decode --batch 16 --context 4096 $common --dtype bf16 --backend onednn \
+                     --baseline-iters 0
+run mixed-cpu        --mode mixed --batch 16 --context 4096 --query 512 $common --dtype bf16 --iters 10
+run mixed-onednn     --mode mixed --batch 16 --context 4096 --query 512 $common --dtype bf16 --iters 10 \
+                     --backend onednn --baseline-iters 0
+run cache-write      --mode cache-write --batch 16 --query 256 $common --dtype bf16
+run copy-blocks      --mode copy-blocks --batch 16 --context 4096 $common --dtype bf16
+echo "records: $out/records.jsonl"

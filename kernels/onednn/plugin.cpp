@@ -1,0 +1,716 @@
+// kernels/onednn/plugin.cpp — libpagedattn-onednn.so, the "onednn" backend.
+//
+// Prefill and chunked prefill (query_len >= a threshold) run as tiled flash attention whose two
+// products are oneDNN matmul primitives: S = Q K^T on a (query tile x GQA group) x key tile, the
+// masked online softmax in our own Highway code (softmax_tile.cpp), then O += P V with a sum
+// post-op. bf16 operands (f32 accumulate) where the CPU has native bf16 and the inputs are bf16,
+// f32 otherwise. Decode rows, cache writes, copies and merges reuse the CPU kernels
+// (kernels/cpu). Threads: OpenMP, the runtime Debian's oneDNN is built with; primitives run
+// single-threaded inside our parallel loop (oneDNN does not nest).
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <mutex>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "../cpu/convert.h"
+#include "../cpu/kernels.h"
+#include "onednn_internal.h"
+
+#define PA_ONEDNN_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace pa_onednn {
+namespace {
+
+constexpr int kMaxM = 256;    // query rows (tokens x heads of a GQA group) per oneDNN tile
+constexpr int kTK = 128;      // keys per oneDNN tile
+constexpr int kMaxD = pa_cpu::kMaxHeadSize;
+constexpr size_t kAlign = 64;
+
+void set_msg(char* msg, const char* fmt, const char* a = "", const char* b = "") {
+  if (msg != nullptr) snprintf(msg, PA_MSG_LEN, fmt, a, b);
+}
+
+// The two matmuls of one tile shape (M query rows, kTK keys, head size D, operand type).
+struct TileKernel {
+  int M = 0, D = 0;
+  bool bf16 = false;
+  dnnl::memory::desc q_md, kt_md, s_md, p_md, v_md, acc_md;
+  dnnl::memory::desc qk_pad_md, pv_pad_md;  // scratchpads (user mode, see make_kernel)
+  dnnl::matmul qk, pv;
+};
+
+// Per-thread memory objects bound to that thread's buffers for one TileKernel.
+struct TileMems {
+  const TileKernel* kernel = nullptr;
+  dnnl::memory q, kt, s, p, v, acc, qk_pad, pv_pad;
+};
+
+// One worker's buffers (64-byte aligned), owned by a batch workspace.
+struct Worker {
+  pa_cpu::Scratch* cpu = nullptr;  // for the CPU kernels' items
+  void* q = nullptr;               // [kMaxM][kMaxD] operand type
+  void* kt = nullptr;              // [kTK][kMaxD]
+  void* v = nullptr;               // [kTK][kMaxD]
+  float* s = nullptr;              // [kMaxM][kTK]
+  void* p = nullptr;               // [kMaxM][kTK]
+  float* acc = nullptr;            // [kMaxM][kMaxD]
+  float m[kMaxM];
+  float l[kMaxM];
+  dnnl::stream strm;
+  std::vector<TileMems> mems;
+};
+
+struct Backend {
+  pa_cpu::Target target;
+  int threads = 1;
+  bool bf16 = false;       // native bf16 matmul available
+  int min_query = 16;      // sequences with query_len >= this use the oneDNN tiles
+  uint64_t memory_limit = 0;
+  std::atomic<uint64_t> used{0};
+  dnnl::engine eng;
+  std::mutex mu;                   // guards kernels
+  std::vector<TileKernel*> kernels;
+};
+
+struct BatchWork {
+  std::mutex mu;                   // forwards on one batch share its workers
+  std::vector<Worker> workers;
+  std::vector<int64_t> prefix;     // [cap_num_seqs + 1] items before each sequence
+  std::vector<void*> blocks;       // aligned allocations to free
+};
+
+void* raw_alloc(Backend* b, size_t bytes, char* msg, const char* what) {
+  const size_t total = bytes + kAlign;
+  if (total < bytes) {
+    if (msg) snprintf(msg, PA_MSG_LEN, "%s: %zu bytes overflow", what, bytes);
+    return nullptr;
+  }
+  const uint64_t now = b->used.fetch_add(total) + total;
+  if (b->memory_limit != 0 && now > b->memory_limit) {
+    b->used.fetch_sub(total);
+    if (msg)
+      snprintf(msg, PA_MSG_LEN, "%s: %zu bytes would exceed the backend's memory_limit of %llu "
+               "bytes (%llu in use)", what, bytes, (unsigned long long)b->memory_limit,
+               (unsigned long long)(now - total));
+    return nullptr;
+  }
+  void* p = nullptr;
+  if (posix_memalign(&p, kAlign, total) != 0 || p == nullptr) {
+    b->used.fetch_sub(total);
+    if (msg) snprintf(msg, PA_MSG_LEN, "%s: could not allocate %zu bytes of host memory", what,
+                      bytes);
+    return nullptr;
+  }
+  memset(p, 0, total);
+  *static_cast<size_t*>(p) = total;
+  return static_cast<char*>(p) + kAlign;
+}
+
+void raw_free(Backend* b, void* ptr) {
+  if (ptr == nullptr) return;
+  char* base = static_cast<char*>(ptr) - kAlign;
+  b->used.fetch_sub(*reinterpret_cast<size_t*>(base));
+  free(base);
+}
+
+// ---- oneDNN tile kernels ----
+
+TileKernel* make_kernel(Backend* be, int M, int D, bool bf16) {
+  using dnnl::memory;
+  auto* k = new TileKernel;
+  k->M = M;
+  k->D = D;
+  k->bf16 = bf16;
+  const auto op = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  const auto f32 = memory::data_type::f32;
+  k->q_md = memory::desc({M, D}, op, memory::format_tag::ab);
+  k->kt_md = memory::desc({D, kTK}, op, memory::format_tag::ba);  // K tile stored [kTK][D]
+  k->s_md = memory::desc({M, kTK}, f32, memory::format_tag::ab);
+  k->p_md = memory::desc({M, kTK}, op, memory::format_tag::ab);
+  k->v_md = memory::desc({kTK, D}, op, memory::format_tag::ab);
+  k->acc_md = memory::desc({M, D}, f32, memory::format_tag::ab);
+  // User scratchpads: in library mode a primitive uses the scratchpad of the thread that created
+  // it, so two workers running primitives made by one thread would share (and corrupt) it.
+  dnnl::primitive_attr qk_attr;
+  qk_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(k->q_md, k->kt_md, k->s_md), qk_attr,
+                                     be->eng);
+  dnnl::post_ops po;
+  po.append_sum(1.0f);  // acc += P V (acc already rescaled by the softmax step)
+  dnnl::primitive_attr pv_attr;
+  pv_attr.set_post_ops(po);
+  pv_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(k->p_md, k->v_md, k->acc_md), pv_attr,
+                                     be->eng);
+  k->qk_pad_md = qk_pd.scratchpad_desc();
+  k->pv_pad_md = pv_pd.scratchpad_desc();
+  k->qk = dnnl::matmul(qk_pd);
+  k->pv = dnnl::matmul(pv_pd);
+  return k;
+}
+
+TileMems& mems_for(Backend* be, Worker& w, int M, int D, bool bf16) {
+  for (auto& m : w.mems)
+    if (m.kernel->M == M && m.kernel->D == D && m.kernel->bf16 == bf16) return m;
+  const TileKernel* kern = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(be->mu);
+    for (auto* k : be->kernels)
+      if (k->M == M && k->D == D && k->bf16 == bf16) kern = k;
+    if (kern == nullptr) {
+      be->kernels.push_back(make_kernel(be, M, D, bf16));
+      kern = be->kernels.back();
+    }
+  }
+  TileMems m;
+  m.kernel = kern;
+  m.q = dnnl::memory(kern->q_md, be->eng, w.q);
+  m.kt = dnnl::memory(kern->kt_md, be->eng, w.kt);
+  m.s = dnnl::memory(kern->s_md, be->eng, w.s);
+  m.p = dnnl::memory(kern->p_md, be->eng, w.p);
+  m.v = dnnl::memory(kern->v_md, be->eng, w.v);
+  m.acc = dnnl::memory(kern->acc_md, be->eng, w.acc);
+  m.qk_pad = dnnl::memory(kern->qk_pad_md, be->eng);  // allocated once per worker and shape
+  m.pv_pad = dnnl::memory(kern->pv_pad_md, be->eng);
+  w.mems.push_back(m);
+  return w.mems.back();
+}
+
+// Converts n elements of src (dtype dt, fp8 times scale) into the operand type.
+void load_operand(const void* src, pagedattn_dtype dt, float scale, void* dst, bool bf16, int n) {
+  if (bf16 && dt == PAGEDATTN_DTYPE_BFLOAT16) {
+    memcpy(dst, src, sizeof(uint16_t) * static_cast<size_t>(n));
+  } else if (!bf16 && dt == PAGEDATTN_DTYPE_FLOAT32) {
+    memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+  } else if (bf16) {
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    for (int i = 0; i < n; ++i) o[i] = pa_cpu::f32_to_bf16(pa_cpu::load_elem(src, i, dt, scale));
+  } else {
+    float* o = static_cast<float*>(dst);
+    for (int i = 0; i < n; ++i) o[i] = pa_cpu::load_elem(src, i, dt, scale);
+  }
+}
+
+const void* kv_addr(const pa_cpu::KVSource& s, bool value, int64_t pos, int32_t kv_head) {
+  const void* base = value ? s.v : s.k;
+  int64_t off;
+  if (s.table != nullptr) {
+    off = static_cast<int64_t>(s.table[pos / s.block_size]) * s.block_stride +
+          (pos % s.block_size) * s.slot_stride + kv_head * s.head_stride;
+  } else if (!value) {
+    off = (s.row0 + pos) * s.block_stride + kv_head * s.head_stride;
+  } else {
+    off = (s.row0 + pos) * s.v_block_stride + kv_head * s.v_head_stride;
+  }
+  return static_cast<const char*>(base) + off * static_cast<int64_t>(pa_cpu::elem_size(s.dtype));
+}
+
+// One work item through oneDNN: the item's (token, head) rows padded to M rows.
+void tile_item(Backend* be, Worker& w, const pa_cpu::AttnItem& it, int M, bool bf16) {
+  const int D = it.head_size;
+  const int nh = it.h1 - it.h0, ntok = it.tok1 - it.tok0, rows = nh * ntok;
+  TileMems& tm = mems_for(be, w, M, D, bf16);
+  const size_t osz = bf16 ? 2 : 4;
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const int64_t qsz = static_cast<int64_t>(pa_cpu::elem_size(it.dtype));
+
+  // Q rows (unscaled; the scale is applied to S in float32), zero padding rows.
+  for (int t = 0; t < ntok; ++t)
+    for (int g = 0; g < nh; ++g) {
+      const char* src = static_cast<const char*>(it.q) +
+                        ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) * qsz;
+      load_operand(src, it.dtype, 1.0f, static_cast<char*>(w.q) + (size_t)(t * nh + g) * D * osz,
+                   bf16, D);
+    }
+  if (rows < M) memset(static_cast<char*>(w.q) + (size_t)rows * D * osz, 0, (size_t)(M - rows) * D * osz);
+  memset(w.acc, 0, sizeof(float) * (size_t)M * D);
+  // Padding rows of P stay zero for the whole item (softmax_tile writes real rows only).
+  if (rows < M) memset(static_cast<char*>(w.p) + (size_t)rows * kTK * osz, 0, (size_t)(M - rows) * kTK * osz);
+  for (int r = 0; r < rows; ++r) {
+    w.m[r] = kNegInf;
+    w.l[r] = 0.0f;
+  }
+
+  const int64_t pos0 = static_cast<int64_t>(it.pos_offset) + it.tok0;
+  int64_t kbeg = 0, kend = it.num_keys;
+  if (it.causal) {
+    kend = std::min<int64_t>(kend, pos0 + ntok);
+    if (it.window > 0) kbeg = std::max<int64_t>(0, pos0 - it.window + 1);
+  }
+  const float ks = it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2
+                       ? it.kv.k_scale : 1.0f;
+  const float vs = it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2
+                       ? it.kv.v_scale : 1.0f;
+  SoftmaxTileArgs sa;
+  sa.S = w.s;
+  sa.ldS = kTK;
+  sa.P = w.p;
+  sa.ldP = kTK;
+  sa.p_bf16 = bf16 ? 1 : 0;
+  sa.acc = w.acc;
+  sa.ldA = D;
+  sa.D = D;
+  sa.m = w.m;
+  sa.l = w.l;
+  sa.ntok = ntok;
+  sa.nh = nh;
+  sa.pos0 = pos0;
+  sa.causal = it.causal;
+  sa.window = it.window;
+  sa.scale = it.scale;
+  sa.soft_cap = it.soft_cap;
+  sa.alibi = it.alibi != nullptr ? it.alibi + it.h0 : nullptr;
+
+  for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kTK) {
+    const int nk = static_cast<int>(std::min<int64_t>(kTK, kend - kt0));
+    for (int k = 0; k < nk; ++k)
+      load_operand(kv_addr(it.kv, false, kt0 + k, it.kv_head), it.kv.dtype, ks,
+                   static_cast<char*>(w.kt) + (size_t)k * D * osz, bf16, D);
+    if (nk < kTK) memset(static_cast<char*>(w.kt) + (size_t)nk * D * osz, 0, (size_t)(kTK - nk) * D * osz);
+    tm.kernel->qk.execute(w.strm, {{DNNL_ARG_SRC, tm.q}, {DNNL_ARG_WEIGHTS, tm.kt},
+                                   {DNNL_ARG_DST, tm.s},
+                                   {DNNL_ARG_SCRATCHPAD, tm.qk_pad}});
+    sa.nk = nk;
+    sa.kt0 = kt0;
+    if (!softmax_tile(be->target.index, sa)) continue;
+    for (int k = 0; k < nk; ++k)
+      load_operand(kv_addr(it.kv, true, kt0 + k, it.kv_head), it.kv.dtype, vs,
+                   static_cast<char*>(w.v) + (size_t)k * D * osz, bf16, D);
+    // P is zero beyond nk, but uninitialised V rows could hold NaN bit patterns: zero them.
+    if (nk < kTK) memset(static_cast<char*>(w.v) + (size_t)nk * D * osz, 0, (size_t)(kTK - nk) * D * osz);
+    tm.kernel->pv.execute(w.strm, {{DNNL_ARG_SRC, tm.p}, {DNNL_ARG_WEIGHTS, tm.v},
+                                   {DNNL_ARG_DST, tm.acc},
+                                   {DNNL_ARG_SCRATCHPAD, tm.pv_pad}});
+  }
+  finish_rows(be->target.index, w.acc, D, w.m, w.l, ntok, nh, D, it.out, it.dtype,
+              it.out_row_stride, it.out_head_stride, it.q_row0, it.h0, it.lse, it.lse_row_stride,
+              it.lse_head_stride);
+}
+
+// ---- ops ----
+
+pagedattn_status probe(int32_t device_index, char* msg) {
+  if (device_index != 0) {
+    if (msg) snprintf(msg, PA_MSG_LEN, "onednn: CPU backend has only device 0 (asked for %d)",
+                      device_index);
+    return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+  }
+  return PAGEDATTN_OK;
+}
+
+bool native_bf16(const dnnl::engine& eng) {
+  const char* env = getenv("PAGEDATTN_ONEDNN_BF16");
+  if (env != nullptr && strcmp(env, "0") == 0) return false;
+  const auto isa = dnnl::get_effective_cpu_isa();
+  if (isa != dnnl::cpu_isa::avx512_core_bf16 && isa != dnnl::cpu_isa::avx512_core_amx) return false;
+  // And a real (non-reference) implementation for our shape.
+  using dnnl::memory;
+  memory::desc a({kMaxM, 128}, memory::data_type::bf16, memory::format_tag::ab);
+  memory::desc b({128, kTK}, memory::data_type::bf16, memory::format_tag::ba);
+  memory::desc c({kMaxM, kTK}, memory::data_type::f32, memory::format_tag::ab);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
+  return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+}
+
+pagedattn_status create(void** state, const pagedattn_backend_options* opts, char* msg) {
+  Backend* b = nullptr;
+  try {
+    b = new Backend;
+    if (!pa_cpu::target_select(getenv("PAGEDATTN_CPU_TARGET"), &b->target, msg)) {
+      delete b;
+      return PAGEDATTN_ERROR_UNSUPPORTED;
+    }
+    b->threads = opts->num_threads > 0 ? opts->num_threads : omp_get_num_procs();
+    b->memory_limit = opts->memory_limit;
+    const char* mq = getenv("PAGEDATTN_ONEDNN_MIN_QUERY");
+    if (mq != nullptr && atoi(mq) >= 1) b->min_query = atoi(mq);
+    b->eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
+    b->bf16 = native_bf16(b->eng);
+  } catch (const dnnl::error& e) {
+    delete b;
+    set_msg(msg, "onednn: oneDNN failed to initialise: %s", e.what());
+    return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+  } catch (const std::bad_alloc&) {
+    delete b;
+    set_msg(msg, "onednn: out of host memory");
+    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  }
+  *state = b;
+  return PAGEDATTN_OK;
+}
+
+void destroy(void* state) {
+  auto* b = static_cast<Backend*>(state);
+  if (b == nullptr) return;
+  for (auto* k : b->kernels) delete k;
+  delete b;
+}
+
+void get_capabilities(void* state, pagedattn_capabilities* caps) {
+  auto* b = static_cast<Backend*>(state);
+  caps->name = "onednn";
+  caps->device.device_type = PAGEDATTN_DEVICE_CPU;
+  caps->device.device_id = 0;
+  caps->features = PAGEDATTN_FEATURE_ALIBI | PAGEDATTN_FEATURE_SOFT_CAP |
+                   PAGEDATTN_FEATURE_SLIDING_WINDOW | PAGEDATTN_FEATURE_CROSS_ATTENTION |
+                   PAGEDATTN_FEATURE_ENCODER | PAGEDATTN_FEATURE_FP8_CACHE |
+                   PAGEDATTN_FEATURE_LSE | PAGEDATTN_FEATURE_MERGE_STATES |
+                   PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_HOST_SWAP |
+                   PAGEDATTN_FEATURE_WRAP_CACHE;
+  caps->dtypes = PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT32) |
+                 PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT16) |
+                 PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_BFLOAT16);
+  caps->cache_dtypes = caps->dtypes | PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E4M3) |
+                       PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E5M2);
+  caps->layouts = (1u << PAGEDATTN_LAYOUT_NHD) | (1u << PAGEDATTN_LAYOUT_HND);
+  caps->block_sizes = 0x1FFu;    // 1 .. 256
+  caps->head_sizes = 0xFFFFFFFFu;  // every multiple of 8 up to 256
+  caps->max_num_threads = b->threads;
+  caps->total_memory = 0;
+}
+
+pagedattn_status alloc(void* state, size_t bytes, int32_t /*host*/, void** ptr, char* msg) {
+  void* p = raw_alloc(static_cast<Backend*>(state), bytes, msg, "onednn: cache memory");
+  if (p == nullptr) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  *ptr = p;
+  return PAGEDATTN_OK;
+}
+
+void free_op(void* state, void* ptr, int32_t /*host*/) { raw_free(static_cast<Backend*>(state), ptr); }
+
+pagedattn_status cache_write(void* state, const pa_write_args* a, char* /*msg*/) {
+  auto* b = static_cast<Backend*>(state);
+  const int64_t n = a->n;
+  const int nt = static_cast<int>(std::min<int64_t>(b->threads, std::max<int64_t>(1, n / 16)));
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    pa_cpu::cache_write_rows(b->target.index, *a, n * t / T, n * (t + 1) / T);
+  }
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status copy_blocks(void* state, const pa_cache* c, const int32_t* pairs, size_t n,
+                             void* /*stream*/, char* /*msg*/) {
+  auto* b = static_cast<Backend*>(state);
+  const int64_t total = static_cast<int64_t>(n) * c->num_layers;
+#pragma omp parallel for schedule(static) num_threads(b->threads)
+  for (int64_t i = 0; i < total; ++i) {
+    const size_t p = static_cast<size_t>(i / c->num_layers);
+    if (pairs[2 * p] != pairs[2 * p + 1])
+      pa_cpu::copy_block(*c, pairs[2 * p + 1], *c, pairs[2 * p], static_cast<int32_t>(i % c->num_layers));
+  }
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status swap_blocks(void* state, const pa_cache* dst, const pa_cache* src,
+                             const int32_t* pairs, size_t n, void* /*stream*/, char* /*msg*/) {
+  auto* b = static_cast<Backend*>(state);
+  const int64_t total = static_cast<int64_t>(n) * src->num_layers;
+#pragma omp parallel for schedule(static) num_threads(b->threads)
+  for (int64_t i = 0; i < total; ++i) {
+    const size_t p = static_cast<size_t>(i / src->num_layers);
+    pa_cpu::copy_block(*dst, pairs[2 * p + 1], *src, pairs[2 * p],
+                       static_cast<int32_t>(i % src->num_layers));
+  }
+  return PAGEDATTN_OK;
+}
+
+size_t block_layer_bytes(const pa_cache* c) {
+  return 2 * static_cast<size_t>(c->block_size) * c->num_kv_heads * c->head_size *
+         pa_cpu::elem_size(c->dtype);
+}
+
+pagedattn_status read_blocks(void* /*state*/, const pa_cache* c, const int32_t* ids, size_t n,
+                             void* buffer, void* /*stream*/, char* /*msg*/) {
+  const size_t rec = block_layer_bytes(c);
+  for (size_t i = 0; i < n; ++i)
+    for (int32_t l = 0; l < c->num_layers; ++l)
+      pa_cpu::pack_block(*c, ids[i], l, static_cast<char*>(buffer) + (i * c->num_layers + l) * rec,
+                         false);
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status load_blocks(void* /*state*/, const pa_cache* c, const int32_t* ids, size_t n,
+                             const void* buffer, void* /*stream*/, char* /*msg*/) {
+  const size_t rec = block_layer_bytes(c);
+  for (size_t i = 0; i < n; ++i)
+    for (int32_t l = 0; l < c->num_layers; ++l)
+      pa_cpu::pack_block(*c, ids[i], l,
+                         const_cast<char*>(static_cast<const char*>(buffer)) +
+                             (i * c->num_layers + l) * rec,
+                         true);
+  return PAGEDATTN_OK;
+}
+
+void free_work(Backend* b, BatchWork* w) {
+  if (w == nullptr) return;
+  for (void* p : w->blocks) raw_free(b, p);
+  delete w;
+}
+
+pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, char* msg) {
+  auto* b = static_cast<Backend*>(state);
+  if (is_update && batch->backend_data != nullptr) return PAGEDATTN_OK;  // sized for capacity
+  BatchWork* w = nullptr;
+  try {
+    w = new BatchWork;
+    w->prefix.assign(static_cast<size_t>(batch->cap_num_seqs) + 1, 0);
+    w->workers.resize(static_cast<size_t>(b->threads));
+    const size_t sizes[6] = {sizeof(pa_cpu::Scratch), sizeof(float) * kMaxM * kMaxD,
+                             sizeof(float) * kTK * kMaxD, sizeof(float) * kTK * kMaxD,
+                             sizeof(float) * kMaxM * kTK, sizeof(float) * kMaxM * kTK};
+    for (auto& wk : w->workers) {
+      void* p[7];
+      for (int i = 0; i < 6; ++i) {
+        p[i] = raw_alloc(b, sizes[i], msg, "onednn: batch workspace");
+        if (p[i] == nullptr) {
+          free_work(b, w);
+          return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+        }
+        w->blocks.push_back(p[i]);
+      }
+      p[6] = raw_alloc(b, sizeof(float) * kMaxM * kMaxD, msg, "onednn: batch workspace");
+      if (p[6] == nullptr) {
+        free_work(b, w);
+        return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+      }
+      w->blocks.push_back(p[6]);
+      wk.cpu = static_cast<pa_cpu::Scratch*>(p[0]);
+      wk.q = p[1];
+      wk.kt = p[2];
+      wk.v = p[3];
+      wk.s = static_cast<float*>(p[4]);
+      wk.p = p[5];
+      wk.acc = static_cast<float*>(p[6]);
+      wk.strm = dnnl::stream(b->eng);
+    }
+  } catch (const std::bad_alloc&) {
+    free_work(b, w);
+    set_msg(msg, "onednn: out of host memory for the batch workspace");
+    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  } catch (const dnnl::error& e) {
+    free_work(b, w);
+    set_msg(msg, "onednn: %s", e.what());
+    return PAGEDATTN_ERROR_INTERNAL;
+  }
+  if (batch->backend_data != nullptr) free_work(b, static_cast<BatchWork*>(batch->backend_data));
+  batch->backend_data = w;
+  return PAGEDATTN_OK;
+}
+
+void free_batch(void* state, pa_batch* batch) {
+  free_work(static_cast<Backend*>(state), static_cast<BatchWork*>(batch->backend_data));
+  batch->backend_data = nullptr;
+}
+
+// How sequence s splits into work items.
+struct SeqSplit {
+  bool dnnl;
+  int hc;   // heads per item
+  int nhc;  // head chunks per KV head
+  int tq;   // tokens per item
+  int nt;   // token tiles
+};
+
+SeqSplit split_of(const Backend* b, int ql, int G, int Hkv, int64_t* items) {
+  SeqSplit s;
+  s.dnnl = ql >= b->min_query;
+  const int rows = s.dnnl ? kMaxM : pa_cpu::kMaxRows;
+  s.hc = std::min(G, rows);
+  s.nhc = (G + s.hc - 1) / s.hc;
+  s.tq = std::max(1, rows / s.hc);
+  s.nt = ql > 0 ? (ql + s.tq - 1) / s.tq : 0;
+  *items = static_cast<int64_t>(s.nt) * Hkv * s.nhc;
+  return s;
+}
+
+pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
+  auto* b = static_cast<Backend*>(state);
+  const pa_batch& bt = *a->batch;
+  auto* w = static_cast<BatchWork*>(bt.backend_data);
+  std::lock_guard<std::mutex> lock(w->mu);
+  const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
+  const bool encoder = a->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
+                       a->attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
+
+  // 1. The step's new K/V into the cache (self slots, or the cross slots of the encoder rows).
+  if (a->write_kv && a->k.data != nullptr && a->cache != nullptr) {
+    pa_write_args wa;
+    memset(&wa, 0, sizeof wa);
+    wa.cache = a->cache;
+    wa.layer = a->layer;
+    wa.k = a->k;
+    wa.v = a->v;
+    wa.slots = cross ? static_cast<const void*>(bt.cross_slot_mapping)
+                     : static_cast<const void*>(bt.slot_mapping);
+    wa.slots_int64 = 1;
+    wa.n = cross ? bt.num_encoder_tokens : bt.num_tokens;
+    wa.k_scale = a->k_scale;
+    wa.v_scale = a->v_scale;
+    if (wa.n > 0 && wa.slots != nullptr) cache_write(state, &wa, msg);
+  }
+
+  // 2. Work items: prefix sums over sequences.
+  const int H = a->num_heads, Hkv = a->num_kv_heads, G = H / Hkv;
+  int64_t total = 0;
+  for (int s = 0; s < bt.num_seqs; ++s) {
+    int64_t items;
+    split_of(b, bt.query_lens[s], G, Hkv, &items);
+    w->prefix[s] = total;
+    total += items;
+  }
+  w->prefix[bt.num_seqs] = total;
+  const pa_cache* c = a->cache;
+  const bool fp8 = c != nullptr && (c->dtype == PAGEDATTN_DTYPE_FP8_E4M3 ||
+                                    c->dtype == PAGEDATTN_DTYPE_FP8_E5M2);
+  const bool bf16 = b->bf16 && a->q.dtype == PAGEDATTN_DTYPE_BFLOAT16;
+  std::atomic<int> failed{0};
+  std::string err;
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(b->threads)
+  for (int64_t i = 0; i < total; ++i) {
+    if (failed.load(std::memory_order_relaxed)) continue;
+    Worker& wk = w->workers[static_cast<size_t>(omp_get_thread_num())];
+    const int s = static_cast<int>(
+        std::upper_bound(w->prefix.begin(), w->prefix.begin() + bt.num_seqs + 1, i) -
+        w->prefix.begin() - 1);
+    const int ql = bt.query_lens[s];
+    int64_t items;
+    const SeqSplit sp = split_of(b, ql, G, Hkv, &items);
+    int64_t j = i - w->prefix[s];
+    // Largest token tiles (most keys under the causal mask) first.
+    const int tile = sp.nt - 1 - static_cast<int>(j / (static_cast<int64_t>(Hkv) * sp.nhc));
+    j %= static_cast<int64_t>(Hkv) * sp.nhc;
+    const int kvh = static_cast<int>(j / sp.nhc), hchunk = static_cast<int>(j % sp.nhc);
+
+    pa_cpu::AttnItem it;
+    memset(&it, 0, sizeof it);
+    it.q = a->q.data;
+    it.out = a->out.data;
+    it.dtype = a->q.dtype;
+    it.q_row_stride = a->q.row_stride;
+    it.q_head_stride = a->q.head_stride;
+    it.out_row_stride = a->out.row_stride;
+    it.out_head_stride = a->out.head_stride;
+    it.lse = a->lse.data;
+    it.lse_row_stride = a->lse.row_stride;
+    it.lse_head_stride = a->lse.head_stride;
+    it.tok0 = tile * sp.tq;
+    it.tok1 = std::min(ql, it.tok0 + sp.tq);
+    it.q_row0 = bt.query_start[s] + it.tok0;
+    it.kv_head = kvh;
+    it.h0 = kvh * G + hchunk * sp.hc;
+    it.h1 = std::min(kvh * G + G, it.h0 + sp.hc);
+    it.head_size = a->head_size;
+    it.scale = a->scale;
+    it.soft_cap = a->soft_cap;
+    it.alibi = a->alibi_slopes;
+    it.window = a->sliding_window;
+    pa_cpu::KVSource& kv = it.kv;
+    kv.k_scale = fp8 ? a->k_scale : 1.0f;
+    kv.v_scale = fp8 ? a->v_scale : 1.0f;
+    if (encoder) {
+      it.causal = 0;
+      it.num_keys = ql;
+      kv.k = a->k.data;
+      kv.v = a->v.data;
+      kv.dtype = a->k.dtype;
+      kv.block_stride = a->k.row_stride;
+      kv.head_stride = a->k.head_stride;
+      kv.v_block_stride = a->v.row_stride;
+      kv.v_head_stride = a->v.head_stride;
+      kv.row0 = bt.query_start[s];
+      kv.k_scale = kv.v_scale = 1.0f;
+    } else {
+      kv.k = c->k_layers[a->layer];
+      kv.v = c->v_layers[a->layer];
+      kv.dtype = c->dtype;
+      kv.block_stride = c->block_stride;
+      kv.slot_stride = c->slot_stride;
+      kv.head_stride = c->head_stride;
+      kv.block_size = c->block_size;
+      if (cross) {
+        it.causal = 0;
+        it.num_keys = bt.encoder_lens[s];
+        kv.table = bt.cross_tables + static_cast<int64_t>(s) * bt.cross_table_stride;
+      } else {
+        it.causal = 1;
+        it.pos_offset = bt.context_lens[s];
+        it.num_keys = static_cast<int64_t>(bt.context_lens[s]) + ql;
+        kv.table = bt.block_tables + static_cast<int64_t>(s) * bt.table_stride;
+      }
+    }
+    it.key0 = 0;
+    it.key1 = it.num_keys;
+    try {
+      if (sp.dnnl) {
+        tile_item(b, wk, it, sp.tq * sp.hc, bf16);
+      } else {
+        pa_cpu::attention_item(b->target.index, it, wk.cpu);
+      }
+    } catch (const std::exception& e) {
+      if (failed.fetch_add(1) == 0) err = e.what();
+    }
+  }
+  if (failed.load() != 0) {
+    set_msg(msg, "onednn: forward failed: %s", err.c_str());
+    return PAGEDATTN_ERROR_INTERNAL;
+  }
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status merge_states(void* state, const pa_merge_args* a, char* /*msg*/) {
+  auto* b = static_cast<Backend*>(state);
+  const int64_t n = a->out.rows;
+  const int nt = static_cast<int>(std::min<int64_t>(b->threads, std::max<int64_t>(1, n / 8)));
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T = omp_get_num_threads();
+    pa_cpu::merge_rows(b->target.index, *a, n * t / T, n * (t + 1) / T);
+  }
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status synchronize(void*, void*, char*) { return PAGEDATTN_OK; }
+
+const pa_backend_ops kOps = {
+    PA_PLUGIN_ABI_VERSION,
+    static_cast<uint32_t>(sizeof(pa_backend_ops)),
+    "onednn",
+    probe,
+    create,
+    destroy,
+    get_capabilities,
+    alloc,
+    free_op,
+    nullptr,  // cache_attach
+    nullptr,  // cache_detach
+    cache_write,
+    copy_blocks,
+    swap_blocks,
+    read_blocks,
+    load_blocks,
+    plan_batch,
+    free_batch,
+    forward,
+    merge_states,
+    synchronize,
+};
+
+}  // namespace
+}  // namespace pa_onednn
+
+PA_ONEDNN_EXPORT uint32_t pagedattn_plugin_abi_version(void) { return PA_PLUGIN_ABI_VERSION; }
+PA_ONEDNN_EXPORT const pa_backend_ops* pagedattn_plugin_ops(void) { return &pa_onednn::kOps; }
