@@ -109,7 +109,11 @@ def test_backend_list_and_capabilities(be: pa.Backend) -> None:
 @pytest.mark.parametrize("layout", [pa.Layout.NHD, pa.Layout.HND])
 def test_decode_matches_float64_reference(be: pa.Backend, dt: str, layout: pa.Layout) -> None:
     sc = Scenario(be, dt, layout=layout, seed=3)
-    out, lse = pa.forward(be, sc.batch, sc.cache, 0, sc.q, sc.k, sc.v, lse=True)
+    poison = {"f32": np.full(sc.q.shape, np.nan, np.float32),
+              "f16": np.full(sc.q.shape, np.nan, np.float16),
+              "bf16": pa.BFloat16Array(np.full(sc.q.shape, 0xFFFF, np.uint16))}[dt]
+    out, lse = pa.forward(be, sc.batch, sc.cache, 0, sc.q, sc.k, sc.v, out=poison, lse=True)
+    assert out is poison
     ref, ref_lse = sc.reference()
     err = rel_err(as_f64(out), ref)
     assert err <= TOL[dt], f"seed {sc.seed}: rel err {err}"
