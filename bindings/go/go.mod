@@ -1,0 +1,3 @@
+module github.com/pagedattn/pagedattn/bindings/go
+
+go 1.19

@@ -1,0 +1,236 @@
+package pagedattn
+
+import (
+	"runtime"
+	"unsafe"
+)
+
+// BackendInfo is one entry of the backend list.
+type BackendInfo struct {
+	Name      string // "cpu", "onednn", "cuda", "hip"
+	Available bool   // whether NewBackend(Name) can succeed with device 0
+	Reason    string // why it is unavailable ("" when available)
+}
+
+// Backends lists every backend the library knows of, available or not (probing plugins).
+func Backends() ([]BackendInfo, error) { return cBackends() }
+
+// BackendOptions configures NewBackendWithOptions; the zero value is the library's default.
+type BackendOptions struct {
+	DeviceIndex int    // GPU ordinal; 0 on CPU
+	NumThreads  int    // CPU backends: worker threads, 0 = one per online core
+	Flags       uint32 // reserved, must be 0
+	MemoryLimit uint64 // bytes for caches and batch workspaces, 0 = unlimited
+}
+
+// Features is a set of PAGEDATTN_FEATURE_* bits.
+type Features uint32
+
+// Feature bits.
+const (
+	FeatureALiBi          Features = 1 << 0
+	FeatureSoftCap        Features = 1 << 1
+	FeatureSlidingWindow  Features = 1 << 2
+	FeatureCrossAttention Features = 1 << 3
+	FeatureEncoder        Features = 1 << 4
+	FeatureFP8Cache       Features = 1 << 5
+	FeatureLSE            Features = 1 << 6
+	FeatureMergeStates    Features = 1 << 7
+	FeatureChunkedPrefill Features = 1 << 8
+	FeatureHostSwap       Features = 1 << 9
+	FeatureGraphCapture   Features = 1 << 10
+	FeatureWrapCache      Features = 1 << 11
+)
+
+// Has reports whether every bit of f is set.
+func (fs Features) Has(f Features) bool { return fs&f == f }
+
+// Capabilities says what a backend can do.
+type Capabilities struct {
+	Name          string
+	Device        Device // where tensors and caches must live
+	Features      Features
+	DTypes        uint32 // q/k/v/out dtypes: DType.Bit() mask
+	CacheDTypes   uint32 // cache dtypes: DType.Bit() mask
+	Layouts       uint32 // bit 1<<Layout
+	BlockSizes    uint32 // bit k = block size 2^k
+	HeadSizes     uint32 // bit i = head size 8*(i+1)
+	MaxNumThreads int    // CPU: worker threads; GPU: 0
+	TotalMemory   uint64 // GPU memory in bytes, 0 if unknown or host
+}
+
+// SupportsDType reports whether q/k/v/out may have dtype d.
+func (c Capabilities) SupportsDType(d DType) bool { return c.DTypes&d.Bit() != 0 }
+
+// SupportsCacheDType reports whether a cache may have dtype d.
+func (c Capabilities) SupportsCacheDType(d DType) bool { return c.CacheDTypes&d.Bit() != 0 }
+
+// SupportsBlockSize reports whether n tokens per block is supported.
+func (c Capabilities) SupportsBlockSize(n int) bool {
+	for k := 0; k < 32; k++ {
+		if n == 1<<k {
+			return c.BlockSizes&(1<<k) != 0
+		}
+	}
+	return false
+}
+
+// SupportsHeadSize reports whether head size n is supported.
+func (c Capabilities) SupportsHeadSize(n int) bool {
+	return n > 0 && n%8 == 0 && n/8 <= 32 && c.HeadSizes&(1<<(n/8-1)) != 0
+}
+
+// Backend is a compute backend: one device driven by one implementation. Its methods may be
+// called from many goroutines at once for distinct batches, outputs and cache regions.
+type Backend struct {
+	h handle
+}
+
+// NewBackend creates a backend by name ("cpu", "onednn", "cuda", "hip" or "auto") with defaults.
+func NewBackend(name string) (*Backend, error) {
+	return NewBackendWithOptions(name, BackendOptions{})
+}
+
+// NewBackendWithOptions creates a backend with options.
+func NewBackendWithOptions(name string, opts BackendOptions) (*Backend, error) {
+	p, err := cBackendCreate(name, opts)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{h: handle{p: p, kind: "backend"}}
+	runtime.SetFinalizer(b, func(b *Backend) { _ = b.Close() })
+	return b, nil
+}
+
+// Close destroys the backend. Caches and batches still open keep the C backend alive until they
+// are closed. Closing twice returns an error.
+func (b *Backend) Close() error {
+	if b == nil {
+		return goError(NullPointer, "nil backend")
+	}
+	runtime.SetFinalizer(b, nil)
+	return b.h.close(cBackendDestroy)
+}
+
+// Capabilities reports what the backend can do.
+func (b *Backend) Capabilities() (Capabilities, error) {
+	p, err := b.handle().acquire()
+	if err != nil {
+		return Capabilities{}, err
+	}
+	defer b.h.release()
+	return cCapabilities(p)
+}
+
+// Synchronize waits for the work queued on the stream (default: the default stream) and reports
+// asynchronous device errors. CPU backends return at once.
+func (b *Backend) Synchronize(opts ...CallOption) error {
+	p, err := b.handle().acquire()
+	if err != nil {
+		return err
+	}
+	defer b.h.release()
+	return cSynchronize(p, configure(opts).stream)
+}
+
+func (b *Backend) handle() *handle {
+	if b == nil {
+		return nil
+	}
+	return &b.h
+}
+
+// AttentionType selects the attention a forward computes.
+type AttentionType int
+
+// Attention types.
+const (
+	Decoder     AttentionType = 0 // causal self-attention over the paged cache
+	Encoder     AttentionType = 1 // bidirectional among each sequence's tokens; may write the cache
+	EncoderOnly AttentionType = 2 // as Encoder, without a cache
+	Cross       AttentionType = 3 // decoder queries over the encoder's K/V in the cross cache
+)
+
+// AttentionOptions are one forward's options. Start from NewAttentionOptions for the library's
+// defaults.
+type AttentionOptions struct {
+	NumHeads, NumKVHeads, HeadSize int
+	Scale                          float32 // 0 = 1/sqrt(HeadSize)
+	SoftCap                        float32 // > 0: s = cap * tanh(s / cap)
+	SlidingWindow                  int     // > 0: only keys with p - key_pos < W (decoder)
+	Type                           AttentionType
+	WriteKV                        bool           // write the step's k/v into the cache first
+	KScale, VScale                 float32        // fp8 dequantisation scales
+	AlibiSlopes                    *Tensor        // float32 [NumHeads] or nil (decoder)
+	Flags                          uint32         // reserved, must be 0
+	Stream                         unsafe.Pointer // CUDA/HIP stream; nil = default
+}
+
+// NewAttentionOptions returns the defaults (pagedattn_attention_options_init) for a shape.
+func NewAttentionOptions(numHeads, numKVHeads, headSize int) AttentionOptions {
+	return AttentionOptions{NumHeads: numHeads, NumKVHeads: numKVHeads, HeadSize: headSize,
+		WriteKV: true, KScale: 1, VScale: 1}
+}
+
+func checkDims(ts ...*Tensor) error {
+	for _, t := range ts {
+		if t != nil && len(t.shape) > maxDims {
+			return goError(BadTensor, "%d dimensions (at most %d)", len(t.shape), maxDims)
+		}
+	}
+	return nil
+}
+
+// Forward runs one layer of attention for a planned batch. q: [tokens, H, D]; k, v: [rows, Hkv,
+// D] (nil when not needed); out: [tokens, H, D] of q's dtype; lse: optional float32 [tokens, H].
+// cache is the self-attention cache (decoder, encoder) or the cross cache; nil only for
+// EncoderOnly. On error nothing is written.
+func (b *Backend) Forward(batch *Batch, cache *KVCache, layer int, opts *AttentionOptions, q, k, v, out, lse *Tensor) error {
+	if opts == nil || q == nil || out == nil {
+		return goError(NullPointer, "options, q and out are required")
+	}
+	if err := checkDims(q, k, v, out, lse, opts.AlibiSlopes); err != nil {
+		return err
+	}
+	bp, err := b.handle().acquire()
+	if err != nil {
+		return err
+	}
+	defer b.h.release()
+	// A nil batch or cache goes to C as NULL: the library owns those refusals and their messages.
+	var tp, cp unsafe.Pointer
+	if batch != nil {
+		if tp, err = batch.h.acquire(); err != nil {
+			return err
+		}
+		defer batch.h.release()
+	}
+	if cache != nil {
+		if cp, err = cache.h.acquire(); err != nil {
+			return err
+		}
+		defer cache.h.release()
+	}
+	err = cForward(bp, tp, cp, layer, opts, q, k, v, out, lse)
+	keepAlive(q, k, v, out, lse, opts.AlibiSlopes)
+	return err
+}
+
+// MergeStates combines two partial results over disjoint key sets into the exact one: o1, o2,
+// out [T, H, D]; lse1, lse2, lseOut float32 [T, H] (lseOut may be nil). out may be o1 or o2.
+func (b *Backend) MergeStates(out, lseOut, o1, lse1, o2, lse2 *Tensor, opts ...CallOption) error {
+	if out == nil || o1 == nil || lse1 == nil || o2 == nil || lse2 == nil {
+		return goError(NullPointer, "out, o1, lse1, o2 and lse2 are required")
+	}
+	if err := checkDims(out, lseOut, o1, lse1, o2, lse2); err != nil {
+		return err
+	}
+	p, err := b.handle().acquire()
+	if err != nil {
+		return err
+	}
+	defer b.h.release()
+	err = cMerge(p, out, lseOut, o1, lse1, o2, lse2, configure(opts).stream)
+	keepAlive(out, lseOut, o1, lse1, o2, lse2)
+	return err
+}

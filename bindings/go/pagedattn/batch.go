@@ -1,0 +1,196 @@
+package pagedattn
+
+import (
+	"runtime"
+)
+
+// BatchDesc lists one step's sequences. Nil slices are passed as NULL.
+type BatchDesc struct {
+	QueryLens             []int32 // new tokens per sequence; its length is the number of sequences
+	ContextLens           []int32 // tokens already cached per sequence
+	BlockTables           []int32 // [num_seqs][BlockTableStride] row-major; nil only for encoder-only
+	BlockTableStride      int
+	SlotMapping           []int64 // optional caller slots (-1 = padding); nil = computed
+	EncoderLens           []int32 // cross attention: encoder tokens per sequence
+	CrossBlockTables      []int32 // cross attention: [num_seqs][CrossBlockTableStride]
+	CrossBlockTableStride int
+	// Capacities for later Update calls (0 = this batch's size).
+	MaxNumSeqs          int
+	MaxNumTokens        int64
+	MaxBlocksPerSeq     int
+	MaxNumEncoderTokens int64
+	MaxSeqLen           int64
+}
+
+// check verifies that every array is as long as the C side will read.
+func (d *BatchDesc) check() error {
+	n := len(d.QueryLens)
+	if len(d.ContextLens) != n {
+		return goError(InvalidArgument, "context_lens has %d entries, query_lens %d", len(d.ContextLens), n)
+	}
+	if d.BlockTables != nil && d.BlockTableStride > 0 && len(d.BlockTables) < n*d.BlockTableStride {
+		return goError(InvalidArgument, "block_tables has %d entries, needs %d", len(d.BlockTables), n*d.BlockTableStride)
+	}
+	if d.SlotMapping != nil {
+		tokens := 0
+		for _, q := range d.QueryLens {
+			if q > 0 {
+				tokens += int(q)
+			}
+		}
+		if len(d.SlotMapping) < tokens {
+			return goError(InvalidArgument, "slot_mapping has %d entries, needs %d", len(d.SlotMapping), tokens)
+		}
+	}
+	if d.EncoderLens != nil && len(d.EncoderLens) != n {
+		return goError(InvalidArgument, "encoder_lens has %d entries, needs %d", len(d.EncoderLens), n)
+	}
+	if d.CrossBlockTables != nil && d.CrossBlockTableStride > 0 && len(d.CrossBlockTables) < n*d.CrossBlockTableStride {
+		return goError(InvalidArgument, "cross_block_tables has %d entries, needs %d", len(d.CrossBlockTables), n*d.CrossBlockTableStride)
+	}
+	return nil
+}
+
+func (d *BatchDesc) keepAlive() {
+	runtime.KeepAlive(d.QueryLens)
+	runtime.KeepAlive(d.ContextLens)
+	runtime.KeepAlive(d.BlockTables)
+	runtime.KeepAlive(d.SlotMapping)
+	runtime.KeepAlive(d.EncoderLens)
+	runtime.KeepAlive(d.CrossBlockTables)
+}
+
+// BatchInfo summarises a planned batch.
+type BatchInfo struct {
+	NumSeqs          int
+	NumTokens        int64 // rows of q/k/v/out
+	NumEncoderTokens int64 // rows of k/v in a cross forward that writes the cross cache
+	NumDecodeSeqs    int
+	NumPrefillSeqs   int
+	MaxQueryLen      int
+	MaxSeqLen        int64
+	MaxNumSeqs       int
+	MaxNumTokens     int64
+	MaxBlocksPerSeq  int
+	BlockSize        int
+}
+
+// Batch is a validated and planned batch. Forwards may share it concurrently; Update and Close
+// wait for them.
+type Batch struct {
+	h       handle
+	backend *Backend
+}
+
+// NewBatch validates and plans a batch against cache (and crossCache for cross attention; either
+// may be nil where the C API allows NULL). The batch stays valid after the caches are closed.
+func NewBatch(be *Backend, cache, crossCache *KVCache, desc *BatchDesc) (*Batch, error) {
+	if desc == nil {
+		return nil, goError(NullPointer, "nil batch desc")
+	}
+	if err := desc.check(); err != nil {
+		return nil, err
+	}
+	bp, err := be.handle().acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer be.h.release()
+	cp, xp := noPtr, noPtr
+	if cache != nil {
+		if cp, err = cache.h.acquire(); err != nil {
+			return nil, err
+		}
+		defer cache.h.release()
+	}
+	if crossCache != nil {
+		if xp, err = crossCache.h.acquire(); err != nil {
+			return nil, err
+		}
+		defer crossCache.h.release()
+	}
+	p, err := cBatchCreate(bp, cp, xp, desc)
+	desc.keepAlive()
+	if err != nil {
+		return nil, err
+	}
+	b := &Batch{h: handle{p: p, kind: "batch"}, backend: be}
+	runtime.SetFinalizer(b, func(b *Batch) { _ = b.Close() })
+	return b, nil
+}
+
+// Close destroys the batch. Closing twice returns an error.
+func (b *Batch) Close() error {
+	if b == nil {
+		return goError(NullPointer, "nil batch")
+	}
+	runtime.SetFinalizer(b, nil)
+	return b.h.close(cBatchDestroy)
+}
+
+func (b *Batch) handle() *handle {
+	if b == nil {
+		return nil
+	}
+	return &b.h
+}
+
+// Update replaces the batch's contents with a new step of no larger capacity (graph replay). On
+// failure the batch keeps its previous contents.
+func (b *Batch) Update(desc *BatchDesc) error {
+	if desc == nil {
+		return goError(NullPointer, "nil batch desc")
+	}
+	if err := desc.check(); err != nil {
+		return err
+	}
+	p, err := b.handle().acquireExclusive()
+	if err != nil {
+		return err
+	}
+	defer b.h.releaseExclusive()
+	err = cBatchUpdate(p, desc)
+	desc.keepAlive()
+	return err
+}
+
+// Info summarises the plan.
+func (b *Batch) Info() (BatchInfo, error) {
+	p, err := b.handle().acquire()
+	if err != nil {
+		return BatchInfo{}, err
+	}
+	defer b.h.release()
+	return cBatchInfo(p)
+}
+
+// SlotMapping returns a copy of the planned slot mapping (one slot per token).
+func (b *Batch) SlotMapping() ([]int64, error) {
+	p, err := b.handle().acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer b.h.release()
+	return cBatchI64(p, 0)
+}
+
+// QueryStart returns the first row of each sequence, then the number of tokens.
+func (b *Batch) QueryStart() ([]int32, error) {
+	p, err := b.handle().acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer b.h.release()
+	return cBatchQueryStart(p)
+}
+
+// CrossSlotMapping returns the cross-cache slots of the encoder tokens a cross forward writes
+// (empty without cross attention).
+func (b *Batch) CrossSlotMapping() ([]int64, error) {
+	p, err := b.handle().acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer b.h.release()
+	return cBatchI64(p, 2)
+}

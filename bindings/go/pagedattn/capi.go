@@ -1,0 +1,654 @@
+package pagedattn
+
+// Everything that touches C lives in this file. Each wrapper below calls one pagedattn function
+// and, on failure, copies pagedattn_last_error() into the caller's buffer within the same C call:
+// the message is thread-local and a goroutine may move to another thread between two cgo calls.
+// Tensor and batch descriptors hold pointers, so they are assembled here in C from pointer-free
+// Go structs plus the data pointers passed as direct arguments (cgo's pointer rules).
+
+/*
+#cgo pkg-config: pagedattn
+#include <stdlib.h>
+#include <string.h>
+#include <pagedattn/pagedattn.h>
+
+#define GO_ERR_LEN 1024
+#define GO_MAX_DIMS 4
+
+static pagedattn_status go_keep(pagedattn_status st, char* err) {
+  if (st != PAGEDATTN_OK) {
+    strncpy(err, pagedattn_last_error(), GO_ERR_LEN - 1);
+    err[GO_ERR_LEN - 1] = 0;
+  }
+  return st;
+}
+
+// A tensor descriptor without pointers (shape and strides inline).
+typedef struct {
+  int32_t device_type, device_id, ndim, has_strides;
+  uint8_t code, bits;
+  uint16_t lanes;
+  uint64_t byte_offset;
+  int64_t shape[GO_MAX_DIMS];
+  int64_t strides[GO_MAX_DIMS];
+} go_tensor;
+
+static pagedattn_tensor* go_fill(pagedattn_tensor* t, go_tensor* d, void* data) {
+  if (!d) return NULL;
+  t->data = data;
+  t->device.device_type = d->device_type;
+  t->device.device_id = d->device_id;
+  t->ndim = d->ndim;
+  t->dtype.code = d->code;
+  t->dtype.bits = d->bits;
+  t->dtype.lanes = d->lanes;
+  t->shape = d->shape;
+  t->strides = d->has_strides ? d->strides : NULL;
+  t->byte_offset = d->byte_offset;
+  return t;
+}
+
+static pagedattn_status go_backend_get_info(pagedattn_backend_info* info, int32_t i, char* err) {
+  info->struct_size = sizeof *info;
+  return go_keep(pagedattn_backend_get_info(info, i), err);
+}
+
+static pagedattn_status go_backend_create(pagedattn_backend** out, const char* name, int32_t device,
+                                          int32_t threads, uint32_t flags, uint64_t limit, char* err) {
+  pagedattn_backend_options o;
+  pagedattn_backend_options_init(&o);
+  o.device_index = device;
+  o.num_threads = threads;
+  o.flags = flags;
+  o.memory_limit = limit;
+  return go_keep(pagedattn_backend_create(out, name, &o), err);
+}
+
+static pagedattn_status go_capabilities(pagedattn_capabilities* c, pagedattn_backend* b, char* err) {
+  c->struct_size = sizeof *c;
+  return go_keep(pagedattn_backend_get_capabilities(c, b), err);
+}
+
+static pagedattn_status go_synchronize(pagedattn_backend* b, void* stream, char* err) {
+  return go_keep(pagedattn_backend_synchronize(b, stream), err);
+}
+
+static pagedattn_status go_bytes_per_block(uint64_t* out, pagedattn_kv_cache_desc* d, char* err) {
+  d->struct_size = sizeof *d;
+  return go_keep(pagedattn_kv_cache_bytes_per_block(out, d), err);
+}
+
+static pagedattn_status go_cache_create(pagedattn_kv_cache** out, pagedattn_backend* b,
+                                        pagedattn_kv_cache_desc* d, char* err) {
+  d->struct_size = sizeof *d;
+  return go_keep(pagedattn_kv_cache_create(out, b, d), err);
+}
+
+static pagedattn_status go_cache_wrap(pagedattn_kv_cache** out, pagedattn_backend* b,
+                                      pagedattn_kv_cache_desc* d, uintptr_t* k, uintptr_t* v,
+                                      int64_t bst, int64_t sst, int64_t hst, int32_t dev_type,
+                                      int32_t dev_id, char* err) {
+  d->struct_size = sizeof *d;
+  pagedattn_kv_cache_memory m;
+  memset(&m, 0, sizeof m);
+  m.struct_size = sizeof m;
+  m.k_layers = (void* const*)k;
+  m.v_layers = (void* const*)v;
+  m.block_stride = bst;
+  m.slot_stride = sst;
+  m.head_stride = hst;
+  m.device.device_type = dev_type;
+  m.device.device_id = dev_id;
+  return go_keep(pagedattn_kv_cache_wrap(out, b, d, &m), err);
+}
+
+static pagedattn_status go_cache_get_desc(pagedattn_kv_cache_desc* d, pagedattn_kv_cache* c, char* err) {
+  d->struct_size = sizeof *d;
+  return go_keep(pagedattn_kv_cache_get_desc(d, c), err);
+}
+
+static pagedattn_status go_cache_get_layer(uintptr_t* k, uintptr_t* v, int64_t* strides,
+                                           pagedattn_kv_cache* c, int32_t layer, char* err) {
+  void* kp = NULL;
+  void* vp = NULL;
+  pagedattn_status st = go_keep(pagedattn_kv_cache_get_layer(&kp, &vp, strides, c, layer), err);
+  *k = (uintptr_t)kp;
+  *v = (uintptr_t)vp;
+  return st;
+}
+
+static pagedattn_status go_cache_write(pagedattn_kv_cache* c, int32_t layer, go_tensor* k, void* kd,
+                                       go_tensor* v, void* vd, go_tensor* s, void* sd, float ks,
+                                       float vs, void* stream, char* err) {
+  pagedattn_tensor tk, tv, ts;
+  return go_keep(pagedattn_kv_cache_write(c, layer, go_fill(&tk, k, kd), go_fill(&tv, v, vd),
+                                          go_fill(&ts, s, sd), ks, vs, stream), err);
+}
+
+static pagedattn_status go_copy_blocks(pagedattn_kv_cache* c, int32_t* pairs, size_t n, void* stream,
+                                       char* err) {
+  return go_keep(pagedattn_kv_cache_copy_blocks(c, pairs, n, stream), err);
+}
+
+static pagedattn_status go_swap_blocks(pagedattn_kv_cache* dst, pagedattn_kv_cache* src, int32_t* pairs,
+                                       size_t n, void* stream, char* err) {
+  return go_keep(pagedattn_kv_cache_swap_blocks(dst, src, pairs, n, stream), err);
+}
+
+static pagedattn_status go_read_blocks(pagedattn_kv_cache* c, int32_t* ids, size_t n, void* buf,
+                                       size_t bytes, void* stream, char* err) {
+  return go_keep(pagedattn_kv_cache_read_blocks(c, ids, n, buf, bytes, stream), err);
+}
+
+static pagedattn_status go_load_blocks(pagedattn_kv_cache* c, int32_t* ids, size_t n, void* buf,
+                                       size_t bytes, void* stream, char* err) {
+  return go_keep(pagedattn_kv_cache_load_blocks(c, ids, n, buf, bytes, stream), err);
+}
+
+// Batch arrays come as direct arguments; the scalar fields in a pointer-free struct.
+typedef struct {
+  int32_t num_seqs, block_table_stride, cross_block_table_stride, max_num_seqs, max_blocks_per_seq;
+  int64_t max_num_tokens, max_num_encoder_tokens, max_seq_len;
+} go_batch_desc;
+
+static void go_batch_fill(pagedattn_batch_desc* d, go_batch_desc* g, int32_t* q, int32_t* c,
+                          int32_t* tables, int64_t* slots, int32_t* enc, int32_t* xtables) {
+  pagedattn_batch_desc_init(d);
+  d->num_seqs = g->num_seqs;
+  d->query_lens = q;
+  d->context_lens = c;
+  d->block_tables = tables;
+  d->block_table_stride = g->block_table_stride;
+  d->slot_mapping = slots;
+  d->encoder_lens = enc;
+  d->cross_block_tables = xtables;
+  d->cross_block_table_stride = g->cross_block_table_stride;
+  d->max_num_seqs = g->max_num_seqs;
+  d->max_num_tokens = g->max_num_tokens;
+  d->max_blocks_per_seq = g->max_blocks_per_seq;
+  d->max_num_encoder_tokens = g->max_num_encoder_tokens;
+  d->max_seq_len = g->max_seq_len;
+}
+
+static pagedattn_status go_batch_create(pagedattn_batch** out, pagedattn_backend* b, pagedattn_kv_cache* c,
+                                        pagedattn_kv_cache* x, go_batch_desc* g, int32_t* q, int32_t* cl,
+                                        int32_t* tables, int64_t* slots, int32_t* enc, int32_t* xtables,
+                                        char* err) {
+  pagedattn_batch_desc d;
+  go_batch_fill(&d, g, q, cl, tables, slots, enc, xtables);
+  return go_keep(pagedattn_batch_create(out, b, c, x, &d), err);
+}
+
+static pagedattn_status go_batch_update(pagedattn_batch* b, go_batch_desc* g, int32_t* q, int32_t* cl,
+                                        int32_t* tables, int64_t* slots, int32_t* enc, int32_t* xtables,
+                                        char* err) {
+  pagedattn_batch_desc d;
+  go_batch_fill(&d, g, q, cl, tables, slots, enc, xtables);
+  return go_keep(pagedattn_batch_update(b, &d), err);
+}
+
+static pagedattn_status go_batch_info(pagedattn_batch_info* i, pagedattn_batch* b, char* err) {
+  i->struct_size = sizeof *i;
+  return go_keep(pagedattn_batch_get_info(i, b), err);
+}
+
+// Copies one of the batch's arrays (which: 0 slot mapping, 1 query start, 2 cross slot mapping)
+// into C memory the caller frees; the count is returned through *n.
+static pagedattn_status go_batch_array(void** out, int64_t* n, pagedattn_batch* b, int which, char* err) {
+  const void* p = NULL;
+  size_t esize = 8;
+  pagedattn_status st;
+  if (which == 1) {
+    int32_t c = 0;
+    st = pagedattn_batch_get_query_start((const int32_t**)&p, &c, b);
+    *n = c;
+    esize = 4;
+  } else if (which == 0) {
+    st = pagedattn_batch_get_slot_mapping((const int64_t**)&p, n, b);
+  } else {
+    st = pagedattn_batch_get_cross_slot_mapping((const int64_t**)&p, n, b);
+  }
+  if (go_keep(st, err) != PAGEDATTN_OK) return st;
+  *out = malloc(*n ? (size_t)*n * esize : 1);
+  if (!*out) {
+    strcpy(err, "pagedattn (Go): out of memory copying a batch array");
+    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  }
+  if (*n) memcpy(*out, p, (size_t)*n * esize);
+  return st;
+}
+
+typedef struct {
+  int32_t num_heads, num_kv_heads, head_size, sliding_window, attention_type, write_kv, has_alibi;
+  float scale, soft_cap, k_scale, v_scale;
+  uint32_t flags;
+} go_options;
+
+static pagedattn_status go_forward(pagedattn_backend* be, pagedattn_batch* b, pagedattn_kv_cache* c,
+                                   int32_t layer, go_options* g, go_tensor* al, void* ald,
+                                   go_tensor* q, void* qd, go_tensor* k, void* kd, go_tensor* v,
+                                   void* vd, go_tensor* o, void* od, go_tensor* l, void* ld,
+                                   void* stream, char* err) {
+  pagedattn_attention_options opts;
+  pagedattn_attention_options_init(&opts);
+  opts.num_heads = g->num_heads;
+  opts.num_kv_heads = g->num_kv_heads;
+  opts.head_size = g->head_size;
+  opts.scale = g->scale;
+  opts.soft_cap = g->soft_cap;
+  opts.sliding_window = g->sliding_window;
+  opts.attention_type = (pagedattn_attention_type)g->attention_type;
+  opts.write_kv = g->write_kv;
+  opts.k_scale = g->k_scale;
+  opts.v_scale = g->v_scale;
+  opts.flags = g->flags;
+  pagedattn_tensor ta, tq, tk, tv, to, tl;
+  opts.alibi_slopes = go_fill(&ta, al, ald);
+  return go_keep(pagedattn_forward(be, b, c, layer, &opts, go_fill(&tq, q, qd), go_fill(&tk, k, kd),
+                                   go_fill(&tv, v, vd), go_fill(&to, o, od), go_fill(&tl, l, ld),
+                                   stream), err);
+}
+
+static pagedattn_status go_merge(pagedattn_backend* be, go_tensor* o, void* od, go_tensor* lo, void* lod,
+                                 go_tensor* o1, void* o1d, go_tensor* l1, void* l1d, go_tensor* o2,
+                                 void* o2d, go_tensor* l2, void* l2d, void* stream, char* err) {
+  pagedattn_tensor to, tlo, t1, tl1, t2, tl2;
+  return go_keep(pagedattn_merge_states(be, go_fill(&to, o, od), go_fill(&tlo, lo, lod),
+                                        go_fill(&t1, o1, o1d), go_fill(&tl1, l1, l1d),
+                                        go_fill(&t2, o2, o2d), go_fill(&tl2, l2, l2d), stream), err);
+}
+
+static pagedattn_status go_dtype_from_dlpack(pagedattn_dtype* out, uint8_t code, uint8_t bits,
+                                             uint16_t lanes, char* err) {
+  pagedattn_dlpack_dtype d = {code, bits, lanes};
+  return go_keep(pagedattn_dtype_from_dlpack(out, d), err);
+}
+
+static pagedattn_status go_dtype_to_dlpack(pagedattn_dlpack_dtype* out, pagedattn_dtype d, char* err) {
+  return go_keep(pagedattn_dtype_to_dlpack(out, d), err);
+}
+*/
+import "C"
+
+import (
+	"unsafe"
+)
+
+const maxDims = C.GO_MAX_DIMS
+
+// errBuf receives the library's message inside the failing C call.
+type errBuf [C.GO_ERR_LEN]C.char
+
+func (e *errBuf) ptr() *C.char { return &e[0] }
+
+// result turns a status and its captured message into an error (nil on success).
+func result(st C.pagedattn_status, e *errBuf) error {
+	if st == C.PAGEDATTN_OK {
+		return nil
+	}
+	return &Error{Code: Code(st), Msg: C.GoString(e.ptr())}
+}
+
+func cStatusString(c Code) string {
+	return C.GoString(C.pagedattn_status_string(C.pagedattn_status(c)))
+}
+
+func cVersion() (int, int, int) {
+	var ma, mi, pa C.int32_t
+	C.pagedattn_version(&ma, &mi, &pa)
+	return int(ma), int(mi), int(pa)
+}
+
+func cVersionString() string { return C.GoString(C.pagedattn_version_string()) }
+
+const (
+	headerMajor = int(C.PAGEDATTN_VERSION_MAJOR)
+	headerMinor = int(C.PAGEDATTN_VERSION_MINOR)
+	headerPatch = int(C.PAGEDATTN_VERSION_PATCH)
+)
+
+func cDTypeName(d DType) string { return C.GoString(C.pagedattn_dtype_name(C.pagedattn_dtype(d))) }
+func cDTypeSize(d DType) int    { return int(C.pagedattn_dtype_size(C.pagedattn_dtype(d))) }
+
+func cDTypeToDLPack(d DType) (DataType, error) {
+	var e errBuf
+	var out C.pagedattn_dlpack_dtype
+	if err := result(C.go_dtype_to_dlpack(&out, C.pagedattn_dtype(d), e.ptr()), &e); err != nil {
+		return DataType{}, err
+	}
+	return DataType{Code: uint8(out.code), Bits: uint8(out.bits), Lanes: uint16(out.lanes)}, nil
+}
+
+func cDTypeFromDLPack(t DataType) (DType, error) {
+	var e errBuf
+	var out C.pagedattn_dtype
+	st := C.go_dtype_from_dlpack(&out, C.uint8_t(t.Code), C.uint8_t(t.Bits), C.uint16_t(t.Lanes), e.ptr())
+	if err := result(st, &e); err != nil {
+		return 0, err
+	}
+	return DType(out), nil
+}
+
+func cBackends() ([]BackendInfo, error) {
+	n := int(C.pagedattn_backend_count())
+	list := make([]BackendInfo, 0, n)
+	for i := 0; i < n; i++ {
+		var e errBuf
+		var info C.pagedattn_backend_info
+		if err := result(C.go_backend_get_info(&info, C.int32_t(i), e.ptr()), &e); err != nil {
+			return nil, err
+		}
+		list = append(list, BackendInfo{Name: C.GoString(info.name), Available: info.available != 0,
+			Reason: C.GoString(info.reason)})
+	}
+	return list, nil
+}
+
+func cBackendCreate(name string, o BackendOptions) (unsafe.Pointer, error) {
+	var e errBuf
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	var out *C.pagedattn_backend
+	st := C.go_backend_create(&out, cname, C.int32_t(o.DeviceIndex), C.int32_t(o.NumThreads), C.uint32_t(o.Flags),
+		C.uint64_t(o.MemoryLimit), e.ptr())
+	return unsafe.Pointer(out), result(st, &e)
+}
+
+func cBackendDestroy(p unsafe.Pointer) { C.pagedattn_backend_destroy((*C.pagedattn_backend)(p)) }
+
+func cCapabilities(p unsafe.Pointer) (Capabilities, error) {
+	var e errBuf
+	var c C.pagedattn_capabilities
+	if err := result(C.go_capabilities(&c, (*C.pagedattn_backend)(p), e.ptr()), &e); err != nil {
+		return Capabilities{}, err
+	}
+	return Capabilities{
+		Name:          C.GoString(c.name),
+		Device:        Device{Type: DeviceType(c.device.device_type), ID: int(c.device.device_id)},
+		Features:      Features(c.features),
+		DTypes:        uint32(c.dtypes),
+		CacheDTypes:   uint32(c.cache_dtypes),
+		Layouts:       uint32(c.layouts),
+		BlockSizes:    uint32(c.block_sizes),
+		HeadSizes:     uint32(c.head_sizes),
+		MaxNumThreads: int(c.max_num_threads),
+		TotalMemory:   uint64(c.total_memory),
+	}, nil
+}
+
+func cSynchronize(p unsafe.Pointer, stream unsafe.Pointer) error {
+	var e errBuf
+	return result(C.go_synchronize((*C.pagedattn_backend)(p), stream, e.ptr()), &e)
+}
+
+func cacheDesc(d CacheDesc) C.pagedattn_kv_cache_desc {
+	var c C.pagedattn_kv_cache_desc
+	C.pagedattn_kv_cache_desc_init(&c)
+	c.num_layers = C.int32_t(d.NumLayers)
+	c.num_blocks = C.int32_t(d.NumBlocks)
+	c.block_size = C.int32_t(d.BlockSize)
+	c.num_kv_heads = C.int32_t(d.NumKVHeads)
+	c.head_size = C.int32_t(d.HeadSize)
+	c.dtype = C.pagedattn_dtype(d.DType)
+	c.layout = C.pagedattn_layout(d.Layout)
+	c.flags = C.uint32_t(d.Flags)
+	return c
+}
+
+func cBytesPerBlock(d CacheDesc) (uint64, error) {
+	var e errBuf
+	c := cacheDesc(d)
+	var out C.uint64_t
+	err := result(C.go_bytes_per_block(&out, &c, e.ptr()), &e)
+	return uint64(out), err
+}
+
+func cCacheCreate(be unsafe.Pointer, d CacheDesc) (unsafe.Pointer, error) {
+	var e errBuf
+	c := cacheDesc(d)
+	var out *C.pagedattn_kv_cache
+	err := result(C.go_cache_create(&out, (*C.pagedattn_backend)(be), &c, e.ptr()), &e)
+	return unsafe.Pointer(out), err
+}
+
+func cCacheWrap(be unsafe.Pointer, d CacheDesc, k, v []uintptr, strides [3]int64, dev Device) (unsafe.Pointer, error) {
+	var e errBuf
+	c := cacheDesc(d)
+	var out *C.pagedattn_kv_cache
+	var kp, vp *C.uintptr_t
+	if len(k) > 0 {
+		kp = (*C.uintptr_t)(unsafe.Pointer(&k[0]))
+	}
+	if len(v) > 0 {
+		vp = (*C.uintptr_t)(unsafe.Pointer(&v[0]))
+	}
+	st := C.go_cache_wrap(&out, (*C.pagedattn_backend)(be), &c, kp, vp, C.int64_t(strides[0]), C.int64_t(strides[1]),
+		C.int64_t(strides[2]), C.int32_t(dev.Type), C.int32_t(dev.ID), e.ptr())
+	return unsafe.Pointer(out), result(st, &e)
+}
+
+func cCacheDestroy(p unsafe.Pointer) { C.pagedattn_kv_cache_destroy((*C.pagedattn_kv_cache)(p)) }
+
+func cCacheDesc(p unsafe.Pointer) (CacheDesc, error) {
+	var e errBuf
+	var c C.pagedattn_kv_cache_desc
+	if err := result(C.go_cache_get_desc(&c, (*C.pagedattn_kv_cache)(p), e.ptr()), &e); err != nil {
+		return CacheDesc{}, err
+	}
+	return CacheDesc{NumLayers: int(c.num_layers), NumBlocks: int(c.num_blocks), BlockSize: int(c.block_size),
+		NumKVHeads: int(c.num_kv_heads), HeadSize: int(c.head_size), DType: DType(c.dtype),
+		Layout: Layout(c.layout), Flags: uint32(c.flags)}, nil
+}
+
+func cCacheLayer(p unsafe.Pointer, layer int) (LayerMemory, error) {
+	var e errBuf
+	var k, v C.uintptr_t
+	var s [3]C.int64_t
+	if err := result(C.go_cache_get_layer(&k, &v, &s[0], (*C.pagedattn_kv_cache)(p), C.int32_t(layer), e.ptr()), &e); err != nil {
+		return LayerMemory{}, err
+	}
+	return LayerMemory{K: uintptr(k), V: uintptr(v), Strides: [3]int64{int64(s[0]), int64(s[1]), int64(s[2])}}, nil
+}
+
+// cTensor converts a Tensor into the pointer-free descriptor and its data pointer.
+func cTensor(t *Tensor) (*C.go_tensor, unsafe.Pointer) {
+	if t == nil {
+		return nil, nil
+	}
+	d := &C.go_tensor{
+		device_type: C.int32_t(t.device.Type),
+		device_id:   C.int32_t(t.device.ID),
+		ndim:        C.int32_t(len(t.shape)),
+		code:        C.uint8_t(t.dtype.Code),
+		bits:        C.uint8_t(t.dtype.Bits),
+		lanes:       C.uint16_t(t.dtype.Lanes),
+		byte_offset: C.uint64_t(t.byteOffset),
+	}
+	for i, n := range t.shape {
+		d.shape[i] = C.int64_t(n)
+	}
+	if t.strides != nil {
+		d.has_strides = 1
+		for i, s := range t.strides {
+			d.strides[i] = C.int64_t(s)
+		}
+	}
+	return d, t.data
+}
+
+func cCacheWrite(p unsafe.Pointer, layer int, k, v, slots *Tensor, ks, vs float32, stream unsafe.Pointer) error {
+	var e errBuf
+	kd, kp := cTensor(k)
+	vd, vp := cTensor(v)
+	sd, sp := cTensor(slots)
+	st := C.go_cache_write((*C.pagedattn_kv_cache)(p), C.int32_t(layer), kd, kp, vd, vp, sd, sp, C.float(ks),
+		C.float(vs), stream, e.ptr())
+	return result(st, &e)
+}
+
+func pairsPtr(pairs [][2]int32) *C.int32_t {
+	if len(pairs) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&pairs[0][0]))
+}
+
+func cCopyBlocks(p unsafe.Pointer, pairs [][2]int32, stream unsafe.Pointer) error {
+	var e errBuf
+	st := C.go_copy_blocks((*C.pagedattn_kv_cache)(p), pairsPtr(pairs), C.size_t(len(pairs)), stream, e.ptr())
+	return result(st, &e)
+}
+
+func cSwapBlocks(dst, src unsafe.Pointer, pairs [][2]int32, stream unsafe.Pointer) error {
+	var e errBuf
+	st := C.go_swap_blocks((*C.pagedattn_kv_cache)(dst), (*C.pagedattn_kv_cache)(src), pairsPtr(pairs),
+		C.size_t(len(pairs)), stream, e.ptr())
+	return result(st, &e)
+}
+
+func idsPtr(ids []int32) *C.int32_t {
+	if len(ids) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&ids[0]))
+}
+
+func cReadBlocks(p unsafe.Pointer, ids []int32, buf unsafe.Pointer, bytes int, stream unsafe.Pointer) error {
+	var e errBuf
+	st := C.go_read_blocks((*C.pagedattn_kv_cache)(p), idsPtr(ids), C.size_t(len(ids)), buf, C.size_t(bytes), stream, e.ptr())
+	return result(st, &e)
+}
+
+func cLoadBlocks(p unsafe.Pointer, ids []int32, buf unsafe.Pointer, bytes int, stream unsafe.Pointer) error {
+	var e errBuf
+	st := C.go_load_blocks((*C.pagedattn_kv_cache)(p), idsPtr(ids), C.size_t(len(ids)), buf, C.size_t(bytes), stream, e.ptr())
+	return result(st, &e)
+}
+
+func i32Ptr(s []int32) *C.int32_t {
+	if s == nil {
+		return nil
+	}
+	if len(s) == 0 {
+		// A non-NULL pointer for an empty array (num_seqs 0): C reads nothing from it.
+		return (*C.int32_t)(unsafe.Pointer(&emptyArray[0]))
+	}
+	return (*C.int32_t)(unsafe.Pointer(&s[0]))
+}
+
+var emptyArray [1]int64
+
+func cBatchDesc(d *BatchDesc) (C.go_batch_desc, *C.int64_t) {
+	g := C.go_batch_desc{
+		num_seqs:                 C.int32_t(len(d.QueryLens)),
+		block_table_stride:       C.int32_t(d.BlockTableStride),
+		cross_block_table_stride: C.int32_t(d.CrossBlockTableStride),
+		max_num_seqs:             C.int32_t(d.MaxNumSeqs),
+		max_blocks_per_seq:       C.int32_t(d.MaxBlocksPerSeq),
+		max_num_tokens:           C.int64_t(d.MaxNumTokens),
+		max_num_encoder_tokens:   C.int64_t(d.MaxNumEncoderTokens),
+		max_seq_len:              C.int64_t(d.MaxSeqLen),
+	}
+	var slots *C.int64_t
+	if d.SlotMapping != nil {
+		if len(d.SlotMapping) == 0 {
+			slots = (*C.int64_t)(unsafe.Pointer(&emptyArray[0]))
+		} else {
+			slots = (*C.int64_t)(unsafe.Pointer(&d.SlotMapping[0]))
+		}
+	}
+	return g, slots
+}
+
+func cBatchCreate(be, cache, cross unsafe.Pointer, d *BatchDesc) (unsafe.Pointer, error) {
+	var e errBuf
+	g, slots := cBatchDesc(d)
+	var out *C.pagedattn_batch
+	st := C.go_batch_create(&out, (*C.pagedattn_backend)(be), (*C.pagedattn_kv_cache)(cache),
+		(*C.pagedattn_kv_cache)(cross), &g, i32Ptr(d.QueryLens), i32Ptr(d.ContextLens), i32Ptr(d.BlockTables),
+		slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), e.ptr())
+	return unsafe.Pointer(out), result(st, &e)
+}
+
+func cBatchUpdate(b unsafe.Pointer, d *BatchDesc) error {
+	var e errBuf
+	g, slots := cBatchDesc(d)
+	st := C.go_batch_update((*C.pagedattn_batch)(b), &g, i32Ptr(d.QueryLens), i32Ptr(d.ContextLens),
+		i32Ptr(d.BlockTables), slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), e.ptr())
+	return result(st, &e)
+}
+
+func cBatchDestroy(p unsafe.Pointer) { C.pagedattn_batch_destroy((*C.pagedattn_batch)(p)) }
+
+func cBatchInfo(p unsafe.Pointer) (BatchInfo, error) {
+	var e errBuf
+	var i C.pagedattn_batch_info
+	if err := result(C.go_batch_info(&i, (*C.pagedattn_batch)(p), e.ptr()), &e); err != nil {
+		return BatchInfo{}, err
+	}
+	return BatchInfo{NumSeqs: int(i.num_seqs), NumTokens: int64(i.num_tokens),
+		NumEncoderTokens: int64(i.num_encoder_tokens), NumDecodeSeqs: int(i.num_decode_seqs),
+		NumPrefillSeqs: int(i.num_prefill_seqs), MaxQueryLen: int(i.max_query_len), MaxSeqLen: int64(i.max_seq_len),
+		MaxNumSeqs: int(i.max_num_seqs), MaxNumTokens: int64(i.max_num_tokens),
+		MaxBlocksPerSeq: int(i.max_blocks_per_seq), BlockSize: int(i.block_size)}, nil
+}
+
+func cBatchI64(p unsafe.Pointer, which int) ([]int64, error) {
+	var e errBuf
+	var out unsafe.Pointer
+	var n C.int64_t
+	if err := result(C.go_batch_array(&out, &n, (*C.pagedattn_batch)(p), C.int(which), e.ptr()), &e); err != nil {
+		return nil, err
+	}
+	defer C.free(out)
+	res := make([]int64, int(n))
+	copy(res, unsafe.Slice((*int64)(out), int(n)))
+	return res, nil
+}
+
+func cBatchQueryStart(p unsafe.Pointer) ([]int32, error) {
+	var e errBuf
+	var out unsafe.Pointer
+	var n C.int64_t
+	if err := result(C.go_batch_array(&out, &n, (*C.pagedattn_batch)(p), 1, e.ptr()), &e); err != nil {
+		return nil, err
+	}
+	defer C.free(out)
+	res := make([]int32, int(n))
+	copy(res, unsafe.Slice((*int32)(out), int(n)))
+	return res, nil
+}
+
+func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q, k, v, out, lse *Tensor) error {
+	var e errBuf
+	g := C.go_options{
+		num_heads: C.int32_t(o.NumHeads), num_kv_heads: C.int32_t(o.NumKVHeads), head_size: C.int32_t(o.HeadSize),
+		sliding_window: C.int32_t(o.SlidingWindow), attention_type: C.int32_t(o.Type),
+		scale: C.float(o.Scale), soft_cap: C.float(o.SoftCap), k_scale: C.float(o.KScale),
+		v_scale: C.float(o.VScale), flags: C.uint32_t(o.Flags),
+	}
+	if o.WriteKV {
+		g.write_kv = 1
+	}
+	ad, ap := cTensor(o.AlibiSlopes)
+	qd, qp := cTensor(q)
+	kd, kp := cTensor(k)
+	vd, vp := cTensor(v)
+	od, op := cTensor(out)
+	ld, lp := cTensor(lse)
+	st := C.go_forward((*C.pagedattn_backend)(be), (*C.pagedattn_batch)(batch), (*C.pagedattn_kv_cache)(cache),
+		C.int32_t(layer), &g, ad, ap, qd, qp, kd, kp, vd, vp, od, op, ld, lp, o.Stream, e.ptr())
+	return result(st, &e)
+}
+
+func cMerge(be unsafe.Pointer, out, lseOut, o1, lse1, o2, lse2 *Tensor, stream unsafe.Pointer) error {
+	var e errBuf
+	od, op := cTensor(out)
+	lod, lop := cTensor(lseOut)
+	d1, p1 := cTensor(o1)
+	l1d, l1p := cTensor(lse1)
+	d2, p2 := cTensor(o2)
+	l2d, l2p := cTensor(lse2)
+	st := C.go_merge((*C.pagedattn_backend)(be), od, op, lod, lop, d1, p1, l1d, l1p, d2, p2, l2d, l2p, stream, e.ptr())
+	return result(st, &e)
+}
