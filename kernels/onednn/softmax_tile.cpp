@@ -65,21 +65,28 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
       }
       if (kb >= ke) continue;
       any = true;
-      // Scale, then the optional soft cap and ALiBi (rare features: scalar).
-      scale_row(s + kb, a.scale, ke - kb);
-      if (a.soft_cap > 0.0f) {
-        for (int k = kb; k < ke; ++k) s[k] = a.soft_cap * tanhf(s[k] / a.soft_cap);
+      // Plain rows fold the scale into the exponent (one pass fewer); soft cap and ALiBi rows
+      // (rare features) are transformed first, in scalar code.
+      const bool plain = a.soft_cap <= 0.0f && a.alibi == nullptr;
+      float sc = a.scale;
+      if (!plain) {
+        scale_row(s + kb, a.scale, ke - kb);
+        if (a.soft_cap > 0.0f) {
+          for (int k = kb; k < ke; ++k) s[k] = a.soft_cap * tanhf(s[k] / a.soft_cap);
+        }
+        if (a.alibi != nullptr) {
+          const float slope = a.alibi[g];
+          for (int k = kb; k < ke; ++k) s[k] += slope * static_cast<float>(a.kt0 + k - pos);
+        }
+        sc = 1.0f;
       }
-      if (a.alibi != nullptr) {
-        const float slope = a.alibi[g];
-        for (int k = kb; k < ke; ++k) s[k] += slope * static_cast<float>(a.kt0 + k - pos);
-      }
-      // Row maximum.
+      // Row maximum (scale > 0, so max(scale * s) = scale * max(s)).
       int k = kb;
       auto vmax = hn::Set(d, kNegInf);
       for (; k + N <= ke; k += N) vmax = hn::Max(vmax, hn::LoadU(d, s + k));
       float mt = hn::GetLane(hn::MaxOfLanes(d, vmax));
       for (; k < ke; ++k) mt = std::max(mt, s[k]);
+      mt *= sc;
       const float mold = a.m[r];
       const float mnew = std::max(mold, mt);
       if (mold != mnew) {
@@ -88,6 +95,7 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
         scale_row(a.acc + static_cast<size_t>(r) * a.ldA, alpha, a.D);
         a.m[r] = mnew;
       }
+      const auto vsc = hn::Set(d, sc);
       // p = exp(s - m); the sum is taken over the values as the matmul will see them (bf16
       // rounded), so the normalisation matches the weights actually applied.
       const auto vm = hn::Set(d, mnew);
@@ -97,7 +105,7 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
         const auto round = hn::Set(di, 0x7FFF);
         const auto one = hn::Set(di, 1);
         for (; k + N <= ke; k += N) {
-          const auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, s + k), vm));
+          const auto p = hn::Exp(d, hn::MulSub(hn::LoadU(d, s + k), vsc, vm));
           auto bits = hn::BitCast(di, p);
           bits = hn::Add(bits, hn::Add(round, hn::And(hn::ShiftRight<16>(bits), one)));
           bits = hn::ShiftRight<16>(bits);  // p >= 0: arithmetic shift is fine
@@ -106,20 +114,20 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
         }
         float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
         for (; k < ke; ++k) {
-          const uint16_t h = pa_cpu::f32_to_bf16(expf(s[k] - mnew));
+          const uint16_t h = pa_cpu::f32_to_bf16(expf(s[k] * sc - mnew));
           pb[k] = h;
           sum += pa_cpu::bf16_to_f32(h);
         }
         a.l[r] += sum;
       } else {
         for (; k + N <= ke; k += N) {
-          const auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, s + k), vm));
+          const auto p = hn::Exp(d, hn::MulSub(hn::LoadU(d, s + k), vsc, vm));
           hn::StoreU(p, d, pf + k);
           vsum = hn::Add(vsum, p);
         }
         float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
         for (; k < ke; ++k) {
-          pf[k] = expf(s[k] - mnew);
+          pf[k] = expf(s[k] * sc - mnew);
           sum += pf[k];
         }
         a.l[r] += sum;
