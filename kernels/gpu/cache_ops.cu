@@ -1,0 +1,245 @@
+// cache_ops.cu — cache write (reshape-and-cache), block copies, split-KV merge and merge_states.
+#include <math.h>
+
+#include "gpu_kernels.h"
+#include "types.cuh"
+
+namespace pagedattn_gpu {
+
+// Stores 8 floats as 8 elements of CT at p: one vector store when `vec` (aligned), else 8.
+template <typename CT>
+__device__ __forceinline__ void store8(CT* p, const float* f, bool vec) {
+  __align__(16) CT e[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) e[i] = from_float<CT>(f[i]);
+  if (vec) {
+    if constexpr (sizeof(CT) == 4) {
+      reinterpret_cast<float4*>(p)[0] = *reinterpret_cast<const float4*>(&e[0]);
+      reinterpret_cast<float4*>(p)[1] = *reinterpret_cast<const float4*>(&e[4]);
+    } else if constexpr (sizeof(CT) == 2) {
+      *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(e);
+    } else {
+      *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(e);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i] = e[i];
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void load8_any(const T* p, float* f, bool vec) {
+  if (vec) {
+    if constexpr (sizeof(T) == 4) {
+      const float4 a = reinterpret_cast<const float4*>(p)[0];
+      const float4 b = reinterpret_cast<const float4*>(p)[1];
+      f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+      f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+      return;
+    } else {
+      const uint4 u = *reinterpret_cast<const uint4*>(p);
+      load_floats<T, 8>(reinterpret_cast<const T*>(&u), f);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f[i] = to_float(p[i]);
+}
+
+// One thread per 8 elements of one (row, head); a slot outside [0, num_slots) is skipped, so a
+// device slot mapping can never make us write out of range.
+template <typename T, typename CT>
+__global__ void cache_write_kernel(const WriteParams p) {
+  const int64_t n = p.n_dev ? static_cast<int64_t>(*p.n_dev) : p.n;
+  const int groups = p.dim / 8;
+  const int64_t per_row = static_cast<int64_t>(p.heads) * groups;
+  const int64_t total = n * per_row;
+  const bool vec = p.vec8 != 0;
+  const float ks = is_fp8<CT>::value ? 1.f / p.k_scale : 1.f;
+  const float vsc = is_fp8<CT>::value ? 1.f / p.v_scale : 1.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / per_row;
+    const int h = static_cast<int>((i % per_row) / groups);
+    const int d0 = static_cast<int>(i % groups) * 8;
+    const int64_t slot = !p.slots ? p.inline_slots[row]
+                         : p.slots_int64 ? static_cast<const int64_t*>(p.slots)[row]
+                                         : static_cast<const int32_t*>(p.slots)[row];
+    if (slot < 0 || slot >= p.num_slots) continue;
+    const int64_t off = (slot / p.block_size) * p.block_stride + (slot % p.block_size) * p.slot_stride +
+                        h * p.head_stride + d0;
+    float f[8];
+    load8_any<T>(static_cast<const T*>(p.k) + row * p.k_row + h * p.k_head + d0, f, vec);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] *= ks;
+    store8<CT>(static_cast<CT*>(p.ck) + off, f, vec);
+    load8_any<T>(static_cast<const T*>(p.v) + row * p.v_row + h * p.v_head + d0, f, vec);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] *= vsc;
+    store8<CT>(static_cast<CT*>(p.cv) + off, f, vec);
+  }
+}
+
+template <typename T, typename CT>
+gpuError_t launch_write_t(int64_t max_rows, const WriteParams& p, gpuStream_t stream) {
+  const int64_t total = max_rows * p.heads * (p.dim / 8);
+  if (total <= 0) return gpuSuccess;
+  const int threads = 256;
+  int64_t blocks = (total + threads - 1) / threads;
+  if (blocks > 65536) blocks = 65536;  // grid-stride loop covers the rest
+  cache_write_kernel<T, CT><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  return gpuGetLastError();
+}
+
+template <typename T>
+gpuError_t launch_write_q(int32_t ct, int64_t max_rows, const WriteParams& p, gpuStream_t stream) {
+  switch (ct) {
+    case kE4M3: return launch_write_t<T, e4m3_t>(max_rows, p, stream);
+    case kE5M2: return launch_write_t<T, e5m2_t>(max_rows, p, stream);
+    default: return launch_write_t<T, T>(max_rows, p, stream);
+  }
+}
+
+gpuError_t launch_cache_write(int32_t qt, int32_t ct, int64_t max_rows, const WriteParams& p,
+                              gpuStream_t stream) {
+  switch (qt) {
+    case kF32: return launch_write_q<float>(ct, max_rows, p, stream);
+    case kF16: return launch_write_q<f16_t>(ct, max_rows, p, stream);
+    default: return launch_write_q<bf16_t>(ct, max_rows, p, stream);
+  }
+}
+
+// grid (pairs, layers, 2): one CTA copies one block of one layer's K or V, row by row.
+__global__ void copy_blocks_kernel(const CopyParams p) {
+  const int pair = blockIdx.x;
+  const int layer = blockIdx.y;
+  char* base = static_cast<char*>(blockIdx.z == 0 ? p.k_layers[layer] : p.v_layers[layer]);
+  const int64_t src = p.pairs[2 * pair], dst = p.pairs[2 * pair + 1];
+  if (src == dst) return;
+  const int units = p.row_bytes / p.vec;
+  const int rows = p.block_size * p.heads;
+  for (int i = threadIdx.x; i < rows * units; i += blockDim.x) {
+    const int row = i / units, u = i % units;
+    const int slot = row / p.heads, h = row % p.heads;
+    const int64_t inner = (slot * p.slot_stride + h * p.head_stride) * p.elem_bytes + u * p.vec;
+    const char* s = base + src * p.block_stride * p.elem_bytes + inner;
+    char* d = base + dst * p.block_stride * p.elem_bytes + inner;
+    switch (p.vec) {
+      case 16: *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(s); break;
+      case 8: *reinterpret_cast<uint2*>(d) = *reinterpret_cast<const uint2*>(s); break;
+      case 4: *reinterpret_cast<uint32_t*>(d) = *reinterpret_cast<const uint32_t*>(s); break;
+      case 2: *reinterpret_cast<uint16_t*>(d) = *reinterpret_cast<const uint16_t*>(s); break;
+      default: *d = *s; break;
+    }
+  }
+}
+
+gpuError_t launch_copy_blocks(const CopyParams& p, gpuStream_t stream) {
+  if (p.num_pairs <= 0) return gpuSuccess;
+  dim3 grid(static_cast<unsigned>(p.num_pairs), static_cast<unsigned>(p.num_layers), 2);
+  copy_blocks_kernel<<<grid, 256, 0, stream>>>(p);
+  return gpuGetLastError();
+}
+
+// Combines the split-KV partials of one decode row and head: weights exp(lse_i - max).
+template <typename T>
+__global__ void split_merge_kernel(const SplitMergeParams p) {
+  if (static_cast<int32_t>(blockIdx.x) >= *p.num_items) return;
+  const MergeItem mi = p.items[blockIdx.x];
+  const int h = blockIdx.y;
+  const int64_t row = p.query_start[mi.seq];
+  float mx = -INFINITY;
+  for (int i = 0; i < mi.count; ++i)
+    mx = fmaxf(mx, p.part_lse[static_cast<int64_t>(mi.first + i) * p.num_heads + h]);
+  float wsum = 0.f;
+  for (int i = 0; i < mi.count; ++i) {
+    const float l = p.part_lse[static_cast<int64_t>(mi.first + i) * p.num_heads + h];
+    wsum += (l == -INFINITY) ? 0.f : __expf(l - mx);
+  }
+  T* out = static_cast<T*>(p.out) + row * p.o_row + h * p.o_head;
+  for (int d = threadIdx.x; d < p.head_size; d += blockDim.x) {
+    float acc = 0.f;
+    if (wsum > 0.f) {
+      for (int i = 0; i < mi.count; ++i) {
+        const int64_t part = mi.first + i;
+        const float l = p.part_lse[part * p.num_heads + h];
+        if (l == -INFINITY) continue;
+        acc += __expf(l - mx) * p.part_o[(part * p.num_heads + h) * p.head_size + d];
+      }
+      acc /= wsum;
+    }
+    out[d] = from_float<T>(acc);
+  }
+  if (threadIdx.x == 0 && p.lse)
+    p.lse[row * p.lse_row + h * p.lse_head] = (wsum > 0.f) ? mx + logf(wsum) : -INFINITY;
+}
+
+gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergeParams& p,
+                              gpuStream_t stream) {
+  if (max_items <= 0) return gpuSuccess;
+  dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_heads));
+  switch (qt) {
+    case kF32: split_merge_kernel<float><<<grid, 128, 0, stream>>>(p); break;
+    case kF16: split_merge_kernel<f16_t><<<grid, 128, 0, stream>>>(p); break;
+    default: split_merge_kernel<bf16_t><<<grid, 128, 0, stream>>>(p); break;
+  }
+  return gpuGetLastError();
+}
+
+// merge_states: one CTA per (row, head). Everything is read before the barrier and written
+// after it, so out may alias o1/o2 and lse_out may alias lse1/lse2.
+template <typename T>
+__global__ void merge_states_kernel(const MergeStatesParams p) {
+  const int64_t row = blockIdx.x;
+  const int h = blockIdx.y;
+  const float l1 = p.lse1[row * p.l1_row + h * p.l1_head];
+  const float l2 = p.lse2[row * p.l2_row + h * p.l2_head];
+  const float mx = fmaxf(l1, l2);
+  const float w1 = (l1 == -INFINITY) ? 0.f : __expf(l1 - mx);
+  const float w2 = (l2 == -INFINITY) ? 0.f : __expf(l2 - mx);
+  const float ws = w1 + w2;
+  const T* o1 = static_cast<const T*>(p.o1) + row * p.o1_row + h * p.o1_head;
+  const T* o2 = static_cast<const T*>(p.o2) + row * p.o2_row + h * p.o2_head;
+  T* out = static_cast<T*>(p.out) + row * p.out_row + h * p.out_head;
+  // dim <= 256 and blockDim 128: two values per thread at most.
+  float r[2];
+  for (int j = 0; j < 2; ++j) {
+    const int d = threadIdx.x + j * blockDim.x;
+    r[j] = 0.f;
+    if (d < p.dim && ws > 0.f) {
+      const float a = (w1 > 0.f) ? w1 * to_float(o1[d]) : 0.f;
+      const float b = (w2 > 0.f) ? w2 * to_float(o2[d]) : 0.f;
+      r[j] = (a + b) / ws;
+    }
+  }
+  __syncthreads();
+  for (int j = 0; j < 2; ++j) {
+    const int d = threadIdx.x + j * blockDim.x;
+    if (d < p.dim) out[d] = from_float<T>(r[j]);
+  }
+  if (threadIdx.x == 0 && p.lse_out)
+    p.lse_out[row * p.lo_row + h * p.lo_head] = (ws > 0.f) ? mx + logf(ws) : -INFINITY;
+}
+
+gpuError_t launch_merge_states(int32_t qt, const MergeStatesParams& p, gpuStream_t stream) {
+  if (p.rows <= 0 || p.heads <= 0) return gpuSuccess;
+  dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
+  switch (qt) {
+    case kF32: merge_states_kernel<float><<<grid, 128, 0, stream>>>(p); break;
+    case kF16: merge_states_kernel<f16_t><<<grid, 128, 0, stream>>>(p); break;
+    default: merge_states_kernel<bf16_t><<<grid, 128, 0, stream>>>(p); break;
+  }
+  return gpuGetLastError();
+}
+
+gpuError_t launch_attention(int32_t qt, int32_t kt, bool decode, int32_t max_items,
+                            const AttnParams& p, gpuStream_t stream, int* unsupported) {
+  if (max_items <= 0) return gpuSuccess;
+  switch (qt) {
+    case kF32: return launch_attention_f32(kt, decode, max_items, p, stream, unsupported);
+    case kF16: return launch_attention_f16(kt, decode, max_items, p, stream, unsupported);
+    default: return launch_attention_bf16(kt, decode, max_items, p, stream, unsupported);
+  }
+}
+
+}  // namespace pagedattn_gpu

@@ -1,0 +1,152 @@
+// gpu_kernels.h — plain parameter structs and launchers shared by the plugin glue and the kernel
+// translation units. Kernels see no handles and no statuses; launchers return the runtime error.
+#ifndef PAGEDATTN_GPU_KERNELS_H
+#define PAGEDATTN_GPU_KERNELS_H
+
+#include <stdint.h>
+
+#include "vendor.cuh"
+
+namespace pagedattn_gpu {
+
+// Element type codes: the values of pagedattn_dtype.
+enum Elem : int32_t { kF32 = 1, kF16 = 2, kBF16 = 3, kE4M3 = 4, kE5M2 = 5 };
+
+enum Kind : int32_t { kDecoder = 0, kEncoder = 1, kCross = 2 };
+
+// One CTA's work: tokens t0..t0+tlen-1 of sequence `seq` against keys [kv_begin, kv_end)
+// (clipped in the kernel to what the attention type lets them see). part >= 0: write a partial
+// result (split-KV) to the workspace slot `part` instead of the output.
+struct WorkItem {
+  int32_t seq, t0, tlen, kv_begin, kv_end, part;
+};
+// Combines `count` partial slots starting at `first` into sequence `seq`'s (single) output row.
+struct MergeItem {
+  int32_t seq, first, count, pad;
+};
+
+// Where a CTA reads keys and values: the paged cache (through block tables) or, for encoder
+// attention, the k/v tensors (rows query_start[seq] + pos).
+struct KvSource {
+  const void* k;
+  const void* v;
+  int64_t block_stride;  // paged only
+  int64_t slot_stride;   // paged: per slot; contiguous: per token row
+  int64_t head_stride;
+  int64_t v_slot_stride;  // V's strides (equal to K's for caches; k/v tensors may differ)
+  int64_t v_head_stride;
+  const int32_t* tables; // paged: [num_seqs][table_stride]
+  int32_t table_stride;
+  int32_t block_size;
+  int32_t paged;
+  int32_t vec;           // widest aligned load in bytes: 16, 8, 4, 2 or 1
+};
+
+struct AttnParams {
+  const void* q;
+  void* out;
+  int64_t q_row, q_head, o_row, o_head;
+  float* lse;
+  int64_t lse_row, lse_head;
+  int32_t num_heads, num_kv_heads, head_size, group;
+  int32_t heads_per_cta, tile_tokens;
+  float scale;    // includes k_scale for fp8 caches
+  float v_scale;  // 1 unless fp8
+  float soft_cap;
+  int32_t window;
+  const float* alibi;
+  int32_t kind;
+  KvSource kv;
+  const int32_t* query_lens;
+  const int32_t* context_lens;
+  const int32_t* query_start;
+  const int32_t* encoder_lens;
+  const WorkItem* items;
+  const int32_t* num_items;  // device count (graph replay reads the updated value)
+  float* part_o;             // [part][num_heads][head_size]
+  float* part_lse;           // [part][num_heads]
+};
+
+// Rows per CTA: decode tiles (one token, up to 8 query heads of a group) and prefill tiles.
+constexpr int kDecodeRows = 8;
+constexpr int kPrefillRows = 64;
+
+// Launches the attention kernel for q dtype `qt` and key/value element type `kt` over `max_items`
+// work items (grid x) and num_kv_heads * ceil(group / heads_per_cta) head groups (grid y).
+// Returns gpuErrorInvalidValue-like errors through *unsupported = 1 when no kernel exists.
+gpuError_t launch_attention(int32_t qt, int32_t kt, bool decode, int32_t max_items,
+                            const AttnParams& p, gpuStream_t stream, int* unsupported);
+gpuError_t launch_attention_f32(int32_t kt, bool decode, int32_t max_items, const AttnParams& p,
+                                gpuStream_t stream, int* unsupported);
+gpuError_t launch_attention_f16(int32_t kt, bool decode, int32_t max_items, const AttnParams& p,
+                                gpuStream_t stream, int* unsupported);
+gpuError_t launch_attention_bf16(int32_t kt, bool decode, int32_t max_items, const AttnParams& p,
+                                 gpuStream_t stream, int* unsupported);
+
+struct SplitMergeParams {
+  const MergeItem* items;
+  const int32_t* num_items;
+  const int32_t* query_start;
+  const float* part_o;
+  const float* part_lse;
+  void* out;
+  int64_t o_row, o_head;
+  float* lse;
+  int64_t lse_row, lse_head;
+  int32_t num_heads, head_size;
+};
+gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergeParams& p,
+                              gpuStream_t stream);
+
+struct MergeStatesParams {
+  const void* o1;
+  const void* o2;
+  void* out;
+  int64_t o1_row, o1_head, o2_row, o2_head, out_row, out_head;
+  const float* lse1;
+  const float* lse2;
+  float* lse_out;
+  int64_t l1_row, l1_head, l2_row, l2_head, lo_row, lo_head;
+  int64_t rows;
+  int32_t heads, dim;
+};
+gpuError_t launch_merge_states(int32_t qt, const MergeStatesParams& p, gpuStream_t stream);
+
+// Host slot mappings travel inside the kernel parameters (kept under 4 KiB for HIP), so a
+// write from host slots needs neither a device buffer nor a host sync.
+constexpr int kInlineSlots = 400;
+struct WriteParams {
+  const void* k;
+  const void* v;
+  int64_t k_row, k_head, v_row, v_head;
+  void* ck;  // the layer's K and V base pointers
+  void* cv;
+  int64_t block_stride, slot_stride, head_stride;
+  int64_t num_slots;       // num_blocks * block_size: slots outside are skipped
+  int32_t block_size, heads, dim;
+  const void* slots;        // device slots, or NULL: use inline_slots (from host memory)
+  int32_t slots_int64;
+  int64_t n;               // rows, or
+  const int32_t* n_dev;    // non-NULL: the row count lives on the device (planned batches)
+  float k_scale, v_scale;  // divide before fp8 rounding
+  int32_t vec8;            // 1: every 8-element group is aligned for a vector access
+  int64_t inline_slots[kInlineSlots];
+};
+gpuError_t launch_cache_write(int32_t qt, int32_t ct, int64_t max_rows, const WriteParams& p,
+                              gpuStream_t stream);
+
+// Copy of whole blocks within one cache, every layer, K and V, in one launch per 256 pairs.
+constexpr int kCopyPairsPerLaunch = 256;
+struct CopyParams {
+  void* const* k_layers;  // device arrays [num_layers]
+  void* const* v_layers;
+  int64_t block_stride, slot_stride, head_stride;
+  int32_t num_layers, block_size, heads, row_bytes, elem_bytes, vec;
+  int32_t num_pairs;
+  int32_t pairs[2 * kCopyPairsPerLaunch];
+};
+gpuError_t launch_copy_blocks(const CopyParams& p, gpuStream_t stream);
+
+}  // namespace pagedattn_gpu
+
+#endif  // PAGEDATTN_GPU_KERNELS_H

@@ -1,0 +1,938 @@
+// plugin.cu — the GPU backend's glue: pa_backend_ops over the CUDA or HIP runtime.
+//
+// Host side only: device state, memory, planning (work lists and split-KV choice, copied to the
+// device at plan time) and launches. The core has validated every argument before an op runs.
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+#include "gpu_kernels.h"
+#include "instantiations.h"
+#include "plugin_abi.h"
+
+using namespace pagedattn_gpu;
+
+namespace {
+
+void set_msg(char* msg, const char* fmt, ...) {
+  if (!msg) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, PA_MSG_LEN, fmt, ap);
+  va_end(ap);
+}
+
+// Maps a runtime error to a status, naming the call, and clears the runtime's sticky-free error.
+pagedattn_status dev_error(gpuError_t e, const char* what, char* msg) {
+  (void)gpuGetLastError();
+  set_msg(msg, "%s: %s (%d)", what, gpuGetErrorString(e), static_cast<int>(e));
+#if defined(PA_HIP)
+  if (e == hipErrorOutOfMemory) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+#else
+  if (e == cudaErrorMemoryAllocation) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+#endif
+  return PAGEDATTN_ERROR_DEVICE;
+}
+
+#define PA_CHECK(call, what)                                  \
+  do {                                                        \
+    gpuError_t e_ = (call);                                   \
+    if (e_ != gpuSuccess) return dev_error(e_, (what), msg);  \
+  } while (0)
+
+struct State {
+  int device = 0;
+  int sm_count = 1;
+  uint64_t total_memory = 0;
+  uint64_t limit = 0;
+  std::atomic<uint64_t> used{0};
+  std::mutex mu;
+  std::unordered_map<void*, size_t> sizes;  // allocation sizes, for the memory limit
+};
+
+// Makes the backend's device current for the calling thread and restores the caller's after.
+struct DeviceGuard {
+  int prev = -1;
+  explicit DeviceGuard(int dev) {
+    if (gpuGetDevice(&prev) != gpuSuccess) prev = -1;
+    if (prev != dev) (void)gpuSetDevice(dev);
+  }
+  ~DeviceGuard() {
+    int cur = -1;
+    if (prev >= 0 && gpuGetDevice(&cur) == gpuSuccess && cur != prev) (void)gpuSetDevice(prev);
+  }
+};
+
+bool reserve(State* s, uint64_t bytes, char* msg) {
+  if (s->limit == 0) {
+    s->used += bytes;
+    return true;
+  }
+  uint64_t cur = s->used.load();
+  do {
+    if (cur + bytes > s->limit || cur + bytes < cur) {
+      set_msg(msg, "memory limit: %llu bytes requested, %llu of %llu in use",
+              static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(cur),
+              static_cast<unsigned long long>(s->limit));
+      return false;
+    }
+  } while (!s->used.compare_exchange_weak(cur, cur + bytes));
+  return true;
+}
+
+size_t elem_size(pagedattn_dtype t) {
+  switch (t) {
+    case PAGEDATTN_DTYPE_FLOAT32: return 4;
+    case PAGEDATTN_DTYPE_FLOAT16:
+    case PAGEDATTN_DTYPE_BFLOAT16: return 2;
+    default: return 1;
+  }
+}
+
+// The widest access (16, 8, 4, 2 or 1 bytes) that divides every byte quantity given.
+int widest_vec(std::initializer_list<uint64_t> quantities) {
+  int v = 16;
+  for (uint64_t q : quantities)
+    while (v > 1 && (q % static_cast<uint64_t>(v)) != 0) v /= 2;
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lifecycle
+
+pagedattn_status probe(int32_t device_index, char* msg) {
+  int n = 0;
+  gpuError_t e = gpuGetDeviceCount(&n);
+  if (e != gpuSuccess) {
+    (void)gpuGetLastError();
+    set_msg(msg, "%sGetDeviceCount: %s (%d)", PA_RUNTIME_NAME, gpuGetErrorString(e),
+            static_cast<int>(e));
+    return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+  }
+  if (device_index < 0 || device_index >= n) {
+    set_msg(msg, "device %d requested, %d %s device(s) present", device_index, n, PA_RUNTIME_NAME);
+    return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+  }
+  gpuDeviceProp prop;
+  e = gpuGetDeviceProperties(&prop, device_index);
+  if (e != gpuSuccess) {
+    (void)gpuGetLastError();
+    set_msg(msg, "%sGetDeviceProperties(%d): %s (%d)", PA_RUNTIME_NAME, device_index,
+            gpuGetErrorString(e), static_cast<int>(e));
+    return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+  }
+#if !defined(PA_HIP)
+  if (prop.major < 8) {
+    set_msg(msg, "device %d (%s) has compute capability %d.%d; the plugin is built for 8.0+",
+            device_index, prop.name, prop.major, prop.minor);
+    return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+  }
+#endif
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status create(void** out, const pagedattn_backend_options* opts, char* msg) {
+  pagedattn_status st = probe(opts->device_index, msg);
+  if (st != PAGEDATTN_OK) return st;
+  State* s = new (std::nothrow) State();
+  if (!s) {
+    set_msg(msg, "out of host memory creating the %s backend", PA_RUNTIME_NAME);
+    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  }
+  s->device = opts->device_index;
+  s->limit = opts->memory_limit;
+  gpuDeviceProp prop;
+  gpuError_t e = gpuGetDeviceProperties(&prop, s->device);
+  if (e != gpuSuccess) {
+    delete s;
+    return dev_error(e, "GetDeviceProperties", msg);
+  }
+  s->sm_count = std::max(1, prop.multiProcessorCount);
+  s->total_memory = prop.totalGlobalMem;
+  *out = s;
+  return PAGEDATTN_OK;
+}
+
+void destroy(void* state) { delete static_cast<State*>(state); }
+
+void get_capabilities(void* state, pagedattn_capabilities* caps) {
+  State* s = static_cast<State*>(state);
+  caps->name = PA_RUNTIME_NAME;
+  caps->device.device_type = PA_DEVICE_TYPE;
+  caps->device.device_id = s->device;
+  caps->features = PAGEDATTN_FEATURE_ALIBI | PAGEDATTN_FEATURE_SOFT_CAP |
+                   PAGEDATTN_FEATURE_SLIDING_WINDOW | PAGEDATTN_FEATURE_CROSS_ATTENTION |
+                   PAGEDATTN_FEATURE_ENCODER | PAGEDATTN_FEATURE_FP8_CACHE |
+                   PAGEDATTN_FEATURE_LSE | PAGEDATTN_FEATURE_MERGE_STATES |
+                   PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_HOST_SWAP |
+                   PAGEDATTN_FEATURE_GRAPH_CAPTURE | PAGEDATTN_FEATURE_WRAP_CACHE;
+  caps->dtypes = PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT32) |
+                 PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT16) |
+                 PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_BFLOAT16);
+  caps->cache_dtypes = caps->dtypes | PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E4M3) |
+                       PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E5M2);
+  caps->layouts = (1u << PAGEDATTN_LAYOUT_NHD) | (1u << PAGEDATTN_LAYOUT_HND);
+  caps->block_sizes = 0x1ffu;  // 1..256: tables are read per key, any power of two works
+  caps->head_sizes = 0xffffffffu;  // every multiple of 8 up to PA_GPU_MAX_HEAD_SIZE (256)
+  caps->max_num_threads = 0;
+  caps->total_memory = s->total_memory;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+pagedattn_status alloc(void* state, size_t bytes, int32_t host, void** ptr, char* msg) {
+  State* s = static_cast<State*>(state);
+  if (bytes == 0) bytes = 1;
+  if (!reserve(s, bytes, msg)) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  DeviceGuard g(s->device);
+  void* p = nullptr;
+  gpuError_t e = host ? gpuHostAlloc(&p, bytes) : gpuMalloc(&p, bytes);
+  if (e == gpuSuccess) {
+    if (host) memset(p, 0, bytes);
+    else e = gpuMemset(p, 0, bytes);
+    if (e != gpuSuccess) {
+      if (host) (void)gpuFreeHost(p);
+      else (void)gpuFree(p);
+    }
+  }
+  if (e != gpuSuccess) {
+    s->used -= bytes;
+    pagedattn_status st = dev_error(e, host ? "pinned host allocation" : "device allocation", msg);
+    return st == PAGEDATTN_ERROR_DEVICE ? PAGEDATTN_ERROR_OUT_OF_MEMORY : st;
+  }
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->sizes[p] = bytes;
+  }
+  *ptr = p;
+  return PAGEDATTN_OK;
+}
+
+void free_mem(void* state, void* ptr, int32_t host) {
+  if (!ptr) return;
+  State* s = static_cast<State*>(state);
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    auto it = s->sizes.find(ptr);
+    if (it != s->sizes.end()) {
+      s->used -= it->second;
+      s->sizes.erase(it);
+    }
+  }
+  DeviceGuard g(s->device);
+  if (host) (void)gpuFreeHost(ptr);
+  else (void)gpuFree(ptr);
+}
+
+// Per-cache state: device arrays of the layer pointers, so copy_blocks does all layers in one
+// launch.
+struct CacheData {
+  void** k_layers = nullptr;  // device [num_layers]
+  void** v_layers = nullptr;
+};
+
+bool on_device(const pa_cache* c) { return !c->host && c->device.device_type == PA_DEVICE_TYPE; }
+
+pagedattn_status cache_attach(void* state, pa_cache* cache, char* msg) {
+  State* s = static_cast<State*>(state);
+  cache->backend_data = nullptr;
+  if (!on_device(cache)) return PAGEDATTN_OK;
+  DeviceGuard g(s->device);
+  const size_t n = static_cast<size_t>(cache->num_layers);
+  void** dev = nullptr;
+  PA_CHECK(gpuMalloc(reinterpret_cast<void**>(&dev), 2 * n * sizeof(void*)), "layer pointer array");
+  std::vector<void*> host(2 * n);
+  for (size_t l = 0; l < n; ++l) {
+    host[l] = cache->k_layers[l];
+    host[n + l] = cache->v_layers[l];
+  }
+  gpuError_t e = gpuMemcpy(dev, host.data(), 2 * n * sizeof(void*), gpuMemcpyHostToDevice);
+  CacheData* cd = (e == gpuSuccess) ? new (std::nothrow) CacheData() : nullptr;
+  if (!cd) {
+    (void)gpuFree(dev);
+    if (e != gpuSuccess) return dev_error(e, "layer pointer copy", msg);
+    set_msg(msg, "out of host memory attaching a cache");
+    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  }
+  cd->k_layers = dev;
+  cd->v_layers = dev + n;
+  cache->backend_data = cd;
+  return PAGEDATTN_OK;
+}
+
+void cache_detach(void* state, pa_cache* cache) {
+  CacheData* cd = static_cast<CacheData*>(cache->backend_data);
+  if (!cd) return;
+  DeviceGuard g(static_cast<State*>(state)->device);
+  (void)gpuFree(cd->k_layers);
+  delete cd;
+  cache->backend_data = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cache operations
+
+pagedattn_status cache_write(void* state, const pa_write_args* a, char* msg) {
+  State* s = static_cast<State*>(state);
+  DeviceGuard g(s->device);
+  const pa_cache* c = a->cache;
+  const size_t ce = elem_size(c->dtype), te = elem_size(a->k.dtype);
+  WriteParams p;
+  memset(static_cast<void*>(&p), 0, sizeof(p));
+  p.k = a->k.data;
+  p.v = a->v.data;
+  p.k_row = a->k.row_stride;
+  p.k_head = a->k.head_stride;
+  p.v_row = a->v.row_stride;
+  p.v_head = a->v.head_stride;
+  p.ck = c->k_layers[a->layer];
+  p.cv = c->v_layers[a->layer];
+  p.block_stride = c->block_stride;
+  p.slot_stride = c->slot_stride;
+  p.head_stride = c->head_stride;
+  p.num_slots = static_cast<int64_t>(c->num_blocks) * c->block_size;
+  p.block_size = c->block_size;
+  p.heads = c->num_kv_heads;
+  p.dim = c->head_size;
+  p.k_scale = a->k_scale;
+  p.v_scale = a->v_scale;
+  const uint64_t cv = 8 * ce, tv = 8 * te;
+  p.vec8 = (widest_vec({reinterpret_cast<uintptr_t>(p.ck), reinterpret_cast<uintptr_t>(p.cv),
+                        static_cast<uint64_t>(c->block_stride) * ce,
+                        static_cast<uint64_t>(c->slot_stride) * ce,
+                        static_cast<uint64_t>(c->head_stride) * ce}) >= static_cast<int>(std::min<uint64_t>(cv, 16)) &&
+            widest_vec({reinterpret_cast<uintptr_t>(p.k), reinterpret_cast<uintptr_t>(p.v),
+                        static_cast<uint64_t>(p.k_row) * te, static_cast<uint64_t>(p.k_head) * te,
+                        static_cast<uint64_t>(p.v_row) * te, static_cast<uint64_t>(p.v_head) * te}) >=
+                static_cast<int>(std::min<uint64_t>(tv, 16)))
+               ? 1 : 0;
+  gpuStream_t stream = static_cast<gpuStream_t>(a->stream);
+  if (a->slots_on_device) {
+    p.slots = a->slots;
+    p.slots_int64 = a->slots_int64;
+    p.n = a->n;
+    PA_CHECK(launch_cache_write(a->k.dtype, c->dtype, a->n, p, stream), "cache write launch");
+    return PAGEDATTN_OK;
+  }
+  // Host slots: chunks travel in the kernel parameters.
+  const char* kbase = static_cast<const char*>(a->k.data);
+  const char* vbase = static_cast<const char*>(a->v.data);
+  for (int64_t r0 = 0; r0 < a->n; r0 += kInlineSlots) {
+    const int64_t cnt = std::min<int64_t>(kInlineSlots, a->n - r0);
+    for (int64_t i = 0; i < cnt; ++i)
+      p.inline_slots[i] = a->slots_int64 ? static_cast<const int64_t*>(a->slots)[r0 + i]
+                                         : static_cast<const int32_t*>(a->slots)[r0 + i];
+    p.slots = nullptr;
+    p.n = cnt;
+    p.k = kbase + r0 * a->k.row_stride * static_cast<int64_t>(te);
+    p.v = vbase + r0 * a->v.row_stride * static_cast<int64_t>(te);
+    PA_CHECK(launch_cache_write(a->k.dtype, c->dtype, cnt, p, stream), "cache write launch");
+  }
+  return PAGEDATTN_OK;
+}
+
+bool compact(const pa_cache* c) {
+  const int64_t hd = c->head_size, bs = c->block_size, h = c->num_kv_heads;
+  if (c->block_stride != bs * h * hd) return false;
+  if (c->layout == PAGEDATTN_LAYOUT_NHD) return c->slot_stride == h * hd && c->head_stride == hd;
+  return c->head_stride == bs * hd && c->slot_stride == hd;
+}
+
+// Copies one block (one layer, K or V) between two caches of equal geometry, any strides.
+gpuError_t copy_block(const pa_cache* dst, void* dbase, int64_t dblk, const pa_cache* src,
+                      const void* sbase, int64_t sblk, gpuStream_t stream) {
+  const size_t es = elem_size(src->dtype);
+  char* d = static_cast<char*>(dbase) + dblk * dst->block_stride * static_cast<int64_t>(es);
+  const char* s = static_cast<const char*>(sbase) + sblk * src->block_stride * static_cast<int64_t>(es);
+  if (compact(dst) && compact(src) && dst->layout == src->layout)
+    return gpuMemcpyAsync(d, s, static_cast<size_t>(src->block_stride) * es, gpuMemcpyDefault, stream);
+  const size_t width = static_cast<size_t>(src->head_size) * es;
+  for (int32_t h = 0; h < src->num_kv_heads; ++h) {
+    gpuError_t e = gpuMemcpy2DAsync(d + h * dst->head_stride * static_cast<int64_t>(es),
+                                    static_cast<size_t>(dst->slot_stride) * es,
+                                    s + h * src->head_stride * static_cast<int64_t>(es),
+                                    static_cast<size_t>(src->slot_stride) * es, width,
+                                    static_cast<size_t>(src->block_size), gpuMemcpyDefault, stream);
+    if (e != gpuSuccess) return e;
+  }
+  return gpuSuccess;
+}
+
+pagedattn_status swap_blocks(void* state, const pa_cache* dst, const pa_cache* src,
+                             const int32_t* pairs, size_t n, void* stream, char* msg) {
+  DeviceGuard g(static_cast<State*>(state)->device);
+  gpuStream_t st = static_cast<gpuStream_t>(stream);
+  const bool whole = compact(dst) && compact(src) && dst->layout == src->layout;
+  const size_t bytes = static_cast<size_t>(src->block_stride) * elem_size(src->dtype);
+  for (int32_t l = 0; l < src->num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      void* db = kv ? dst->v_layers[l] : dst->k_layers[l];
+      const void* sb = kv ? src->v_layers[l] : src->k_layers[l];
+      size_t i = 0;
+      while (i < n) {
+        // Runs of consecutive source and destination ids move as one copy.
+        size_t run = 1;
+        if (whole)
+          while (i + run < n && pairs[2 * (i + run)] == pairs[2 * i] + static_cast<int32_t>(run) &&
+                 pairs[2 * (i + run) + 1] == pairs[2 * i + 1] + static_cast<int32_t>(run))
+            ++run;
+        if (whole) {
+          PA_CHECK(gpuMemcpyAsync(static_cast<char*>(db) + pairs[2 * i + 1] * bytes,
+                                  static_cast<const char*>(sb) + pairs[2 * i] * bytes, run * bytes,
+                                  gpuMemcpyDefault, st),
+                   "swap copy");
+        } else {
+          PA_CHECK(copy_block(dst, db, pairs[2 * i + 1], src, sb, pairs[2 * i], st), "swap copy");
+        }
+        i += run;
+      }
+    }
+  }
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status copy_blocks(void* state, const pa_cache* cache, const int32_t* pairs, size_t n,
+                             void* stream, char* msg) {
+  const CacheData* cd = static_cast<const CacheData*>(cache->backend_data);
+  if (!cd) return swap_blocks(state, cache, cache, pairs, n, stream, msg);  // host caches
+  DeviceGuard g(static_cast<State*>(state)->device);
+  const int es = static_cast<int>(elem_size(cache->dtype));
+  CopyParams p;
+  memset(static_cast<void*>(&p), 0, sizeof(p));
+  p.k_layers = cd->k_layers;
+  p.v_layers = cd->v_layers;
+  p.block_stride = cache->block_stride;
+  p.slot_stride = cache->slot_stride;
+  p.head_stride = cache->head_stride;
+  p.num_layers = cache->num_layers;
+  p.block_size = cache->block_size;
+  p.heads = cache->num_kv_heads;
+  p.row_bytes = cache->head_size * es;
+  p.elem_bytes = es;
+  std::initializer_list<uint64_t> q = {static_cast<uint64_t>(p.row_bytes),
+                                       static_cast<uint64_t>(cache->block_stride) * es,
+                                       static_cast<uint64_t>(cache->slot_stride) * es,
+                                       static_cast<uint64_t>(cache->head_stride) * es};
+  int vec = widest_vec(q);
+  for (int32_t l = 0; l < cache->num_layers; ++l)
+    vec = std::min(vec, widest_vec({reinterpret_cast<uintptr_t>(cache->k_layers[l]),
+                                    reinterpret_cast<uintptr_t>(cache->v_layers[l])}));
+  p.vec = vec;
+  for (size_t i0 = 0; i0 < n; i0 += kCopyPairsPerLaunch) {
+    const size_t cnt = std::min<size_t>(kCopyPairsPerLaunch, n - i0);
+    p.num_pairs = static_cast<int32_t>(cnt);
+    memcpy(p.pairs, pairs + 2 * i0, 2 * cnt * sizeof(int32_t));
+    PA_CHECK(launch_copy_blocks(p, static_cast<gpuStream_t>(stream)), "copy_blocks launch");
+  }
+  return PAGEDATTN_OK;
+}
+
+// read_blocks' packed record: per id, per layer, K then V, each in layout order.
+pagedattn_status move_packed(void* state, const pa_cache* c, const int32_t* ids, size_t n,
+                             char* host, bool to_host, void* stream, char* msg) {
+  DeviceGuard g(static_cast<State*>(state)->device);
+  gpuStream_t st = static_cast<gpuStream_t>(stream);
+  pa_cache packed = *c;  // the host record, seen as a one-block compact cache
+  const int64_t hd = c->head_size, bs = c->block_size, h = c->num_kv_heads;
+  packed.block_stride = bs * h * hd;
+  packed.slot_stride = (c->layout == PAGEDATTN_LAYOUT_NHD) ? h * hd : hd;
+  packed.head_stride = (c->layout == PAGEDATTN_LAYOUT_NHD) ? hd : bs * hd;
+  const size_t blk = static_cast<size_t>(packed.block_stride) * elem_size(c->dtype);
+  for (size_t i = 0; i < n; ++i) {
+    for (int32_t l = 0; l < c->num_layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        char* rec = host + ((i * c->num_layers + l) * 2 + kv) * blk;
+        void* base = kv ? c->v_layers[l] : c->k_layers[l];
+        gpuError_t e = to_host ? copy_block(&packed, rec, 0, c, base, ids[i], st)
+                               : copy_block(c, base, ids[i], &packed, rec, 0, st);
+        if (e != gpuSuccess) return dev_error(e, to_host ? "read_blocks copy" : "load_blocks copy", msg);
+      }
+    }
+  }
+  PA_CHECK(gpuStreamSynchronize(st), "stream synchronize");
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status read_blocks(void* state, const pa_cache* cache, const int32_t* ids, size_t n,
+                             void* buffer, void* stream, char* msg) {
+  return move_packed(state, cache, ids, n, static_cast<char*>(buffer), true, stream, msg);
+}
+
+pagedattn_status load_blocks(void* state, const pa_cache* cache, const int32_t* ids, size_t n,
+                             const void* buffer, void* stream, char* msg) {
+  return move_packed(state, cache, ids, n, const_cast<char*>(static_cast<const char*>(buffer)),
+                     false, stream, msg);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Planning
+
+constexpr int kPrefillTiles[3] = {16, 32, 64};  // tokens per prefill tile, by heads per CTA
+constexpr int64_t kPartFloats = 8192;            // per split partial: num_heads * head_size max
+constexpr int64_t kPartHeads = kPartFloats / 8;
+
+enum Count { kTokens = 0, kEncTokens, kDecSplit, kDecWhole, kMerge, kPre0, kNumCounts = kPre0 + 3 };
+
+struct Plan {
+  char* dev = nullptr;        // one device allocation: metadata, then the split workspace
+  size_t dev_bytes = 0;
+  size_t meta_bytes = 0;
+  std::vector<char> host;     // staging image of the metadata region
+  size_t o_qlen = 0, o_ctx = 0, o_qstart = 0, o_enc = 0, o_tab = 0, o_xtab = 0, o_slots = 0,
+         o_xslots = 0, o_counts = 0, o_dsplit = 0, o_dwhole = 0, o_merge = 0, o_pre[3] = {0, 0, 0},
+         o_part = 0, o_plse = 0;
+  int32_t cap_seqs = 0;
+  int64_t cap_tokens = 0, cap_enc = 0, cap_seq_len = 0;
+  int32_t tab_stride = 0, xtab_stride = 0;
+  int32_t part_len = 0;       // split-KV partition (keys); 0 = no split
+  int32_t cap_dsplit = 0, cap_pre[3] = {0, 0, 0};
+  template <typename T> T* h(size_t off) { return reinterpret_cast<T*>(host.data() + off); }
+  template <typename T> T* d(size_t off) const { return reinterpret_cast<T*>(dev + off); }
+};
+
+size_t take(size_t* cur, size_t bytes) {
+  const size_t off = *cur;
+  *cur = (off + bytes + 255) & ~static_cast<size_t>(255);
+  return off;
+}
+
+int64_t cdiv(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
+
+// Fills the staging image from the batch's host arrays.
+pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
+  std::fill(pl->host.begin(), pl->host.end(), 0);
+  int32_t* qlen = pl->h<int32_t>(pl->o_qlen);
+  int32_t* ctx = pl->h<int32_t>(pl->o_ctx);
+  int32_t* qst = pl->h<int32_t>(pl->o_qstart);
+  int32_t* enc = pl->h<int32_t>(pl->o_enc);
+  int32_t* tab = pl->h<int32_t>(pl->o_tab);
+  int32_t* xtab = pl->h<int32_t>(pl->o_xtab);
+  int32_t* counts = pl->h<int32_t>(pl->o_counts);
+  WorkItem* dsplit = pl->h<WorkItem>(pl->o_dsplit);
+  WorkItem* dwhole = pl->h<WorkItem>(pl->o_dwhole);
+  MergeItem* merge = pl->h<MergeItem>(pl->o_merge);
+  const int32_t kAll = 0x7fffffff;
+  int32_t nsplit = 0, nwhole = 0, nmerge = 0, npart = 0, npre[3] = {0, 0, 0};
+  for (int32_t i = 0; i < b->num_seqs; ++i) {
+    const int32_t q = b->query_lens[i], c = b->context_lens[i];
+    const int32_t e = b->encoder_lens ? b->encoder_lens[i] : 0;
+    qlen[i] = q;
+    ctx[i] = c;
+    enc[i] = e;
+    if (b->block_tables && b->block_size > 0) {
+      const int64_t need = cdiv(static_cast<int64_t>(c) + q, b->block_size);
+      if (need > pl->tab_stride) {
+        set_msg(msg, "sequence %d needs %lld blocks, the batch was planned for %d", i,
+                static_cast<long long>(need), pl->tab_stride);
+        return PAGEDATTN_ERROR_CAPACITY;
+      }
+      memcpy(tab + static_cast<int64_t>(i) * pl->tab_stride,
+             b->block_tables + static_cast<int64_t>(i) * b->table_stride, need * sizeof(int32_t));
+    }
+    if (b->encoder_lens && b->cross_tables && b->cross_block_size > 0) {
+      const int64_t need = cdiv(e, b->cross_block_size);
+      if (need > pl->xtab_stride) {
+        set_msg(msg, "sequence %d needs %lld cross blocks, the batch was planned for %d", i,
+                static_cast<long long>(need), pl->xtab_stride);
+        return PAGEDATTN_ERROR_CAPACITY;
+      }
+      memcpy(xtab + static_cast<int64_t>(i) * pl->xtab_stride,
+             b->cross_tables + static_cast<int64_t>(i) * b->cross_table_stride, need * sizeof(int32_t));
+    }
+    if (q == 1) {
+      dwhole[nwhole++] = WorkItem{i, 0, 1, 0, kAll, -1};
+      const int64_t len = std::max<int64_t>(static_cast<int64_t>(c) + 1, e);
+      const int64_t ns = pl->part_len > 0 ? std::max<int64_t>(1, cdiv(len, pl->part_len)) : 1;
+      if (ns == 1) {
+        dsplit[nsplit++] = WorkItem{i, 0, 1, 0, kAll, -1};
+      } else {
+        merge[nmerge++] = MergeItem{i, npart, static_cast<int32_t>(ns), 0};
+        for (int64_t sidx = 0; sidx < ns; ++sidx)
+          dsplit[nsplit++] = WorkItem{i, 0, 1, static_cast<int32_t>(sidx * pl->part_len),
+                                      static_cast<int32_t>((sidx + 1) * pl->part_len), npart++};
+      }
+    } else if (q > 1) {
+      for (int j = 0; j < 3; ++j) {
+        WorkItem* pre = pl->h<WorkItem>(pl->o_pre[j]);
+        for (int32_t t0 = 0; t0 < q; t0 += kPrefillTiles[j])
+          pre[npre[j]++] = WorkItem{i, t0, std::min(kPrefillTiles[j], q - t0), 0, kAll, -1};
+      }
+    }
+  }
+  if (nsplit > pl->cap_dsplit) {  // cannot happen within the planned sequence length
+    set_msg(msg, "split-KV work list overflow (%d > %d)", nsplit, pl->cap_dsplit);
+    return PAGEDATTN_ERROR_CAPACITY;
+  }
+  int32_t acc = 0;
+  for (int32_t i = 0; i < b->num_seqs; ++i) {
+    qst[i] = acc;
+    acc += b->query_lens[i];
+  }
+  qst[b->num_seqs] = acc;
+  if (b->slot_mapping)
+    memcpy(pl->h<int64_t>(pl->o_slots), b->slot_mapping, b->num_tokens * sizeof(int64_t));
+  if (b->cross_slot_mapping)
+    memcpy(pl->h<int64_t>(pl->o_xslots), b->cross_slot_mapping,
+           b->num_encoder_tokens * sizeof(int64_t));
+  counts[kTokens] = static_cast<int32_t>(b->num_tokens);
+  counts[kEncTokens] = static_cast<int32_t>(b->num_encoder_tokens);
+  counts[kDecSplit] = nsplit;
+  counts[kDecWhole] = nwhole;
+  counts[kMerge] = nmerge;
+  for (int j = 0; j < 3; ++j) counts[kPre0 + j] = npre[j];
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status plan_batch(void* state, pa_batch* b, int32_t is_update, char* msg) {
+  State* s = static_cast<State*>(state);
+  DeviceGuard g(s->device);
+  Plan* pl = static_cast<Plan*>(b->backend_data);
+  if (!is_update || !pl) {
+    pl = new (std::nothrow) Plan();
+    if (!pl) {
+      set_msg(msg, "out of host memory planning a batch");
+      return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+    }
+    pl->cap_seqs = std::max(b->cap_num_seqs, b->num_seqs);
+    pl->cap_tokens = std::max(b->cap_num_tokens, b->num_tokens);
+    pl->cap_enc = std::max(b->cap_num_encoder_tokens, b->num_encoder_tokens);
+    pl->cap_seq_len = std::max(b->cap_seq_len, b->max_seq_len);
+    pl->tab_stride = b->block_size > 0
+                         ? static_cast<int32_t>(std::max<int64_t>(b->cap_blocks_per_seq,
+                                                                  cdiv(pl->cap_seq_len, b->block_size)))
+                         : 0;
+    if (!b->block_tables) pl->tab_stride = 0;
+    pl->xtab_stride = (b->encoder_lens && b->cross_block_size > 0)
+                          ? static_cast<int32_t>(cdiv(pl->cap_seq_len, b->cross_block_size))
+                          : 0;
+    // Split-KV: only when the sequences alone leave most of the GPU idle (assume 8 CTAs of
+    // heads per sequence); partitions are multiples of 256 keys.
+    const int64_t base = static_cast<int64_t>(pl->cap_seqs) * 8;
+    const int64_t want = 2 * static_cast<int64_t>(s->sm_count);
+    int64_t splits = 1;
+    if (base < want && pl->cap_seq_len > 512)
+      splits = std::min<int64_t>({cdiv(want, std::max<int64_t>(base, 1)), cdiv(pl->cap_seq_len, 256), 32});
+    int64_t max_splits = 1;
+    if (splits > 1) {
+      pl->part_len = static_cast<int32_t>(cdiv(cdiv(pl->cap_seq_len, splits), 256) * 256);
+      max_splits = cdiv(pl->cap_seq_len, pl->part_len);
+    }
+    pl->cap_dsplit = static_cast<int32_t>(pl->cap_seqs * max_splits);
+    for (int j = 0; j < 3; ++j)
+      pl->cap_pre[j] = static_cast<int32_t>(cdiv(pl->cap_tokens, kPrefillTiles[j]) + pl->cap_seqs);
+    size_t cur = 0;
+    const size_t ns = static_cast<size_t>(pl->cap_seqs);
+    pl->o_qlen = take(&cur, ns * 4);
+    pl->o_ctx = take(&cur, ns * 4);
+    pl->o_qstart = take(&cur, (ns + 1) * 4);
+    pl->o_enc = take(&cur, ns * 4);
+    pl->o_tab = take(&cur, ns * static_cast<size_t>(pl->tab_stride) * 4);
+    pl->o_xtab = take(&cur, ns * static_cast<size_t>(pl->xtab_stride) * 4);
+    pl->o_slots = take(&cur, static_cast<size_t>(pl->cap_tokens) * 8);
+    pl->o_xslots = take(&cur, static_cast<size_t>(pl->cap_enc) * 8);
+    pl->o_counts = take(&cur, kNumCounts * 4);
+    pl->o_dsplit = take(&cur, static_cast<size_t>(pl->cap_dsplit) * sizeof(WorkItem));
+    pl->o_dwhole = take(&cur, ns * sizeof(WorkItem));
+    pl->o_merge = take(&cur, ns * sizeof(MergeItem));
+    for (int j = 0; j < 3; ++j) pl->o_pre[j] = take(&cur, static_cast<size_t>(pl->cap_pre[j]) * sizeof(WorkItem));
+    pl->meta_bytes = cur;
+    if (pl->part_len > 0) {
+      pl->o_part = take(&cur, static_cast<size_t>(pl->cap_dsplit) * kPartFloats * 4);
+      pl->o_plse = take(&cur, static_cast<size_t>(pl->cap_dsplit) * kPartHeads * 4);
+    }
+    pl->dev_bytes = cur;
+    try {
+      pl->host.assign(pl->meta_bytes, 0);
+    } catch (...) {
+      delete pl;
+      set_msg(msg, "out of host memory planning a batch (%zu bytes)", cur);
+      return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+    }
+    if (!reserve(s, pl->dev_bytes, msg)) {
+      delete pl;
+      return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+    }
+    gpuError_t e = gpuMalloc(reinterpret_cast<void**>(&pl->dev), pl->dev_bytes);
+    if (e != gpuSuccess) {
+      s->used -= pl->dev_bytes;
+      delete pl;
+      pagedattn_status st = dev_error(e, "batch workspace allocation", msg);
+      return st == PAGEDATTN_ERROR_DEVICE ? PAGEDATTN_ERROR_OUT_OF_MEMORY : st;
+    }
+    b->backend_data = pl;
+  }
+  pagedattn_status st = fill_plan(pl, b, msg);
+  if (st != PAGEDATTN_OK) {
+    if (!is_update) {
+      (void)gpuFree(pl->dev);
+      s->used -= pl->dev_bytes;
+      delete pl;
+      b->backend_data = nullptr;
+    }
+    return st;
+  }
+  PA_CHECK(gpuMemcpy(pl->dev, pl->host.data(), pl->meta_bytes, gpuMemcpyHostToDevice),
+           "batch metadata copy");
+  return PAGEDATTN_OK;
+}
+
+void free_batch(void* state, pa_batch* b) {
+  Plan* pl = static_cast<Plan*>(b->backend_data);
+  if (!pl) return;
+  State* s = static_cast<State*>(state);
+  DeviceGuard g(s->device);
+  (void)gpuFree(pl->dev);
+  s->used -= pl->dev_bytes;
+  delete pl;
+  b->backend_data = nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward
+
+int pow2ceil(int x) {
+  int p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
+  State* s = static_cast<State*>(state);
+  DeviceGuard g(s->device);
+  const Plan* pl = static_cast<const Plan*>(a->batch->backend_data);
+  if (!pl) {
+    set_msg(msg, "batch was not planned for the %s backend", PA_RUNTIME_NAME);
+    return PAGEDATTN_ERROR_INVALID_HANDLE;
+  }
+  gpuStream_t stream = static_cast<gpuStream_t>(a->stream);
+  const pa_cache* c = a->cache;
+  const int32_t qt = a->q.dtype;
+  const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
+  const bool encoder = a->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
+                       a->attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
+  const int32_t* counts = pl->d<int32_t>(pl->o_counts);
+
+  if (a->write_kv && c) {
+    const size_t ce = elem_size(c->dtype), te = elem_size(a->k.dtype);
+    WriteParams w;
+    memset(static_cast<void*>(&w), 0, sizeof(w));
+    w.k = a->k.data;
+    w.v = a->v.data;
+    w.k_row = a->k.row_stride;
+    w.k_head = a->k.head_stride;
+    w.v_row = a->v.row_stride;
+    w.v_head = a->v.head_stride;
+    w.ck = c->k_layers[a->layer];
+    w.cv = c->v_layers[a->layer];
+    w.block_stride = c->block_stride;
+    w.slot_stride = c->slot_stride;
+    w.head_stride = c->head_stride;
+    w.num_slots = static_cast<int64_t>(c->num_blocks) * c->block_size;
+    w.block_size = c->block_size;
+    w.heads = c->num_kv_heads;
+    w.dim = c->head_size;
+    w.k_scale = a->k_scale;
+    w.v_scale = a->v_scale;
+    w.vec8 = (widest_vec({reinterpret_cast<uintptr_t>(w.ck), reinterpret_cast<uintptr_t>(w.cv),
+                          static_cast<uint64_t>(c->block_stride) * ce,
+                          static_cast<uint64_t>(c->slot_stride) * ce,
+                          static_cast<uint64_t>(c->head_stride) * ce}) >=
+                  static_cast<int>(std::min<size_t>(8 * ce, 16)) &&
+              widest_vec({reinterpret_cast<uintptr_t>(w.k), reinterpret_cast<uintptr_t>(w.v),
+                          static_cast<uint64_t>(w.k_row) * te, static_cast<uint64_t>(w.k_head) * te,
+                          static_cast<uint64_t>(w.v_row) * te, static_cast<uint64_t>(w.v_head) * te}) >=
+                  static_cast<int>(std::min<size_t>(8 * te, 16)))
+                 ? 1 : 0;
+    w.slots = cross ? pl->d<int64_t>(pl->o_xslots) : pl->d<int64_t>(pl->o_slots);
+    w.slots_int64 = 1;
+    w.n_dev = counts + (cross ? kEncTokens : kTokens);
+    PA_CHECK(launch_cache_write(qt, c->dtype, cross ? pl->cap_enc : pl->cap_tokens, w, stream),
+             "cache write launch");
+  }
+
+  AttnParams p;
+  memset(static_cast<void*>(&p), 0, sizeof(p));
+  p.q = a->q.data;
+  p.out = a->out.data;
+  p.q_row = a->q.row_stride;
+  p.q_head = a->q.head_stride;
+  p.o_row = a->out.row_stride;
+  p.o_head = a->out.head_stride;
+  p.lse = a->lse.data;
+  p.lse_row = a->lse.row_stride;
+  p.lse_head = a->lse.head_stride;
+  p.num_heads = a->num_heads;
+  p.num_kv_heads = a->num_kv_heads;
+  p.head_size = a->head_size;
+  p.group = a->num_heads / a->num_kv_heads;
+  p.soft_cap = a->soft_cap;
+  p.window = a->sliding_window;
+  p.alibi = a->alibi_slopes;
+  p.kind = cross ? kCross : (encoder ? kEncoder : kDecoder);
+  p.query_lens = pl->d<int32_t>(pl->o_qlen);
+  p.context_lens = pl->d<int32_t>(pl->o_ctx);
+  p.query_start = pl->d<int32_t>(pl->o_qstart);
+  p.encoder_lens = pl->d<int32_t>(pl->o_enc);
+  int32_t kt;
+  if (encoder) {
+    const size_t te = elem_size(a->k.dtype);
+    kt = a->k.dtype;
+    p.scale = a->scale;
+    p.v_scale = 1.f;
+    p.kv.k = a->k.data;
+    p.kv.v = a->v.data;
+    p.kv.slot_stride = a->k.row_stride;
+    p.kv.head_stride = a->k.head_stride;
+    p.kv.v_slot_stride = a->v.row_stride;
+    p.kv.v_head_stride = a->v.head_stride;
+    p.kv.paged = 0;
+    p.kv.vec = widest_vec({static_cast<uint64_t>(a->head_size) * te, reinterpret_cast<uintptr_t>(p.kv.k),
+                           reinterpret_cast<uintptr_t>(p.kv.v),
+                           static_cast<uint64_t>(a->k.row_stride) * te, static_cast<uint64_t>(a->k.head_stride) * te,
+                           static_cast<uint64_t>(a->v.row_stride) * te, static_cast<uint64_t>(a->v.head_stride) * te});
+  } else {
+    const size_t ce = elem_size(c->dtype);
+    const bool fp8 = c->dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c->dtype == PAGEDATTN_DTYPE_FP8_E5M2;
+    kt = c->dtype;
+    p.scale = a->scale * (fp8 ? a->k_scale : 1.f);
+    p.v_scale = fp8 ? a->v_scale : 1.f;
+    p.kv.k = c->k_layers[a->layer];
+    p.kv.v = c->v_layers[a->layer];
+    p.kv.block_stride = c->block_stride;
+    p.kv.slot_stride = c->slot_stride;
+    p.kv.head_stride = c->head_stride;
+    p.kv.v_slot_stride = c->slot_stride;
+    p.kv.v_head_stride = c->head_stride;
+    p.kv.paged = 1;
+    p.kv.tables = cross ? pl->d<int32_t>(pl->o_xtab) : pl->d<int32_t>(pl->o_tab);
+    p.kv.table_stride = cross ? pl->xtab_stride : pl->tab_stride;
+    p.kv.block_size = cross ? a->batch->cross_block_size : a->batch->block_size;
+    if (p.kv.block_size <= 0) p.kv.block_size = c->block_size;
+    p.kv.vec = widest_vec({static_cast<uint64_t>(a->head_size) * ce, reinterpret_cast<uintptr_t>(p.kv.k),
+                           reinterpret_cast<uintptr_t>(p.kv.v), static_cast<uint64_t>(c->block_stride) * ce,
+                           static_cast<uint64_t>(c->slot_stride) * ce, static_cast<uint64_t>(c->head_stride) * ce});
+  }
+
+  int unsupported = 0;
+  // Decode rows (query_len == 1): one token, up to 8 heads of a group per CTA, split-KV when
+  // planned and the workspace holds num_heads * head_size.
+  const bool split = pl->part_len > 0 &&
+                     static_cast<int64_t>(a->num_heads) * a->head_size <= kPartFloats;
+  p.heads_per_cta = std::min(p.group, kDecodeRows);
+  p.tile_tokens = 1;
+  p.items = split ? pl->d<WorkItem>(pl->o_dsplit) : pl->d<WorkItem>(pl->o_dwhole);
+  p.num_items = counts + (split ? kDecSplit : kDecWhole);
+  p.part_o = pl->d<float>(pl->o_part);
+  p.part_lse = pl->d<float>(pl->o_plse);
+  PA_CHECK(launch_attention(qt, kt, true, split ? pl->cap_dsplit : pl->cap_seqs, p, stream, &unsupported),
+           "decode attention launch");
+  if (split) {
+    SplitMergeParams m;
+    m.items = pl->d<MergeItem>(pl->o_merge);
+    m.num_items = counts + kMerge;
+    m.query_start = p.query_start;
+    m.part_o = p.part_o;
+    m.part_lse = p.part_lse;
+    m.out = p.out;
+    m.o_row = p.o_row;
+    m.o_head = p.o_head;
+    m.lse = p.lse;
+    m.lse_row = p.lse_row;
+    m.lse_head = p.lse_head;
+    m.num_heads = p.num_heads;
+    m.head_size = p.head_size;
+    PA_CHECK(launch_split_merge(qt, pl->cap_seqs, m, stream), "split-KV merge launch");
+  }
+  // Prefill tiles: tokens x heads of a group, 64 rows per CTA.
+  p.heads_per_cta = std::min(p.group, 4);
+  const int tm = kPrefillRows / pow2ceil(p.heads_per_cta);
+  const int j = tm == 64 ? 2 : (tm == 32 ? 1 : 0);
+  p.tile_tokens = tm;
+  p.items = pl->d<WorkItem>(pl->o_pre[j]);
+  p.num_items = counts + kPre0 + j;
+  PA_CHECK(launch_attention(qt, kt, false, pl->cap_pre[j], p, stream, &unsupported),
+           "prefill attention launch");
+  if (unsupported) {
+    set_msg(msg, "no %s kernel for head size %d (largest instantiated: %d)", PA_RUNTIME_NAME,
+            a->head_size, PA_GPU_MAX_HEAD_SIZE);
+    return PAGEDATTN_ERROR_UNSUPPORTED;
+  }
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status merge_states(void* state, const pa_merge_args* a, char* msg) {
+  DeviceGuard g(static_cast<State*>(state)->device);
+  MergeStatesParams p;
+  p.o1 = a->o1.data;
+  p.o2 = a->o2.data;
+  p.out = a->out.data;
+  p.o1_row = a->o1.row_stride;
+  p.o1_head = a->o1.head_stride;
+  p.o2_row = a->o2.row_stride;
+  p.o2_head = a->o2.head_stride;
+  p.out_row = a->out.row_stride;
+  p.out_head = a->out.head_stride;
+  p.lse1 = a->lse1.data;
+  p.lse2 = a->lse2.data;
+  p.lse_out = a->lse_out.data;
+  p.l1_row = a->lse1.row_stride;
+  p.l1_head = a->lse1.head_stride;
+  p.l2_row = a->lse2.row_stride;
+  p.l2_head = a->lse2.head_stride;
+  p.lo_row = a->lse_out.row_stride;
+  p.lo_head = a->lse_out.head_stride;
+  p.rows = a->out.rows;
+  p.heads = a->out.heads;
+  p.dim = a->out.dim;
+  PA_CHECK(launch_merge_states(a->out.dtype, p, static_cast<gpuStream_t>(a->stream)),
+           "merge_states launch");
+  return PAGEDATTN_OK;
+}
+
+pagedattn_status synchronize(void* state, void* stream, char* msg) {
+  DeviceGuard g(static_cast<State*>(state)->device);
+  PA_CHECK(gpuStreamSynchronize(static_cast<gpuStream_t>(stream)), "stream synchronize");
+  return PAGEDATTN_OK;
+}
+
+const pa_backend_ops kOps = {
+    PA_PLUGIN_ABI_VERSION,
+    sizeof(pa_backend_ops),
+    PA_RUNTIME_NAME,
+    probe,
+    create,
+    destroy,
+    get_capabilities,
+    alloc,
+    free_mem,
+    cache_attach,
+    cache_detach,
+    cache_write,
+    copy_blocks,
+    swap_blocks,
+    read_blocks,
+    load_blocks,
+    plan_batch,
+    free_batch,
+    forward,
+    merge_states,
+    synchronize,
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) uint32_t pagedattn_plugin_abi_version(void) {
+  return PA_PLUGIN_ABI_VERSION;
+}
+
+extern "C" __attribute__((visibility("default"))) const pa_backend_ops* pagedattn_plugin_ops(void) {
+  return &kOps;
+}

@@ -1,0 +1,102 @@
+// types.cuh — element types of tensors and caches, and their float conversions.
+// bf16 and fp8 are converted by bit manipulation so CUDA and HIP 5.2 (which lacks fp8 types)
+// compute bit-identical values.
+#ifndef PAGEDATTN_GPU_TYPES_CUH
+#define PAGEDATTN_GPU_TYPES_CUH
+
+#include <stdint.h>
+
+#include "vendor.cuh"
+
+namespace pagedattn_gpu {
+
+struct bf16_t { uint16_t bits; };
+struct e4m3_t { uint8_t bits; };
+struct e5m2_t { uint8_t bits; };
+typedef __half f16_t;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(f16_t x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(bf16_t x) {
+  return __uint_as_float(static_cast<uint32_t>(x.bits) << 16);
+}
+// e4m3 bits shifted into a half land 8 binades low (bias 7 vs 15); subnormals come out right too.
+__device__ __forceinline__ float to_float(e4m3_t x) {
+  const unsigned short h = static_cast<unsigned short>((x.bits & 0x7f) << 7);
+  const float f = __half2float(__ushort_as_half(h)) * 256.0f;
+  return (x.bits & 0x80) ? -f : f;
+}
+// e5m2 is the upper byte of a half.
+__device__ __forceinline__ float to_float(e5m2_t x) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(x.bits << 8)));
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ f16_t from_float<f16_t>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+  uint32_t u = __float_as_uint(x);
+  bf16_t r;
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    r.bits = 0x7fc0;  // NaN stays NaN
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+    r.bits = static_cast<uint16_t>(u >> 16);
+  }
+  return r;
+}
+// Saturating round-to-nearest-even to e4m3fn (max 448, no infinities).
+template <> __device__ __forceinline__ e4m3_t from_float<e4m3_t>(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
+  const uint32_t a = u & 0x7fffffffu;
+  e4m3_t r;
+  if (a > 0x7f800000u) { r.bits = 0x7f; return r; }         // NaN
+  const float fa = __uint_as_float(a);
+  uint32_t code;
+  if (fa >= 448.0f) {
+    code = 0x7e;
+  } else if (fa < 0.015625f) {                                // below 2^-6: subnormal steps 2^-9
+    code = static_cast<uint32_t>(rintf(fa * 512.0f));
+  } else {
+    code = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+    if (code > 0x7e) code = 0x7e;
+  }
+  r.bits = static_cast<uint8_t>(sign | code);
+  return r;
+}
+// Saturating round-to-nearest-even to e5m2 (max 57344).
+template <> __device__ __forceinline__ e5m2_t from_float<e5m2_t>(float x) {
+  const uint32_t u = __float_as_uint(x);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
+  const uint32_t a = u & 0x7fffffffu;
+  e5m2_t r;
+  if (a > 0x7f800000u) { r.bits = 0x7f; return r; }
+  const float fa = __uint_as_float(a);
+  uint32_t code;
+  if (fa >= 57344.0f) {
+    code = 0x7b;
+  } else if (fa < 6.103515625e-05f) {                         // below 2^-14: steps 2^-16
+    code = static_cast<uint32_t>(rintf(fa * 65536.0f));
+  } else {
+    code = ((a + 0xfffffu + ((a >> 21) & 1u)) >> 21) - (112u << 2);
+    if (code > 0x7b) code = 0x7b;
+  }
+  r.bits = static_cast<uint8_t>(sign | code);
+  return r;
+}
+
+template <typename T> struct is_fp8 { static constexpr bool value = false; };
+template <> struct is_fp8<e4m3_t> { static constexpr bool value = true; };
+template <> struct is_fp8<e5m2_t> { static constexpr bool value = true; };
+
+// Converts N consecutive elements at p (any alignment of sizeof(T)) to float.
+template <typename T, int N>
+__device__ __forceinline__ void load_floats(const T* p, float* out) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(p[i]);
+}
+
+}  // namespace pagedattn_gpu
+
+#endif  // PAGEDATTN_GPU_TYPES_CUH

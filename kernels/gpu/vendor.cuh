@@ -1,0 +1,86 @@
+// vendor.cuh — the few names that differ between CUDA (nvcc) and ROCm/HIP (hipcc).
+// Everything else in kernels/gpu is written once against these.
+#ifndef PAGEDATTN_GPU_VENDOR_CUH
+#define PAGEDATTN_GPU_VENDOR_CUH
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__) || defined(__HIPCC__)
+#define PA_HIP 1
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+
+typedef hipError_t gpuError_t;
+typedef hipStream_t gpuStream_t;
+typedef hipDeviceProp_t gpuDeviceProp;
+#define gpuSuccess hipSuccess
+#define gpuGetDeviceCount hipGetDeviceCount
+#define gpuGetDevice hipGetDevice
+#define gpuSetDevice hipSetDevice
+#define gpuGetDeviceProperties hipGetDeviceProperties
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetLastError hipGetLastError
+#define gpuMalloc hipMalloc
+#define gpuFree hipFree
+#define gpuHostAlloc(p, n) hipHostMalloc((p), (n), hipHostMallocDefault)
+#define gpuFreeHost hipHostFree
+#define gpuMemset hipMemset
+#define gpuMemcpy hipMemcpy
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemcpy2DAsync hipMemcpy2DAsync
+#define gpuMemcpyDefault hipMemcpyDefault
+#define gpuMemcpyHostToDevice hipMemcpyHostToDevice
+#define gpuStreamSynchronize hipStreamSynchronize
+#define gpuMemGetInfo hipMemGetInfo
+#define gpuFuncSetMaxDynamicSmem(f, n) \
+  hipFuncSetAttribute(reinterpret_cast<const void*>(f), hipFuncAttributeMaxDynamicSharedMemorySize, (n))
+#define PA_RUNTIME_NAME "hip"
+#define PA_DEVICE_TYPE PAGEDATTN_DEVICE_ROCM
+#define PA_HOST_DEVICE_TYPE PAGEDATTN_DEVICE_ROCM_HOST
+
+// The wave size is a per-device-pass constant: 64 on CDNA (gfx90a, gfx940), 32 on RDNA (gfx1030).
+// Host passes never see it; host code only launches multiples of 64 threads.
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define PA_WARP_SIZE __AMDGCN_WAVEFRONT_SIZE
+#else
+#define PA_WARP_SIZE 64
+#endif
+// HIP shuffles take no mask: the whole wave takes part.
+#define PA_SHFL_XOR(v, m) __shfl_xor((v), (m))
+
+#else  // CUDA
+#define PA_CUDA 1
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+
+typedef cudaError_t gpuError_t;
+typedef cudaStream_t gpuStream_t;
+typedef cudaDeviceProp gpuDeviceProp;
+#define gpuSuccess cudaSuccess
+#define gpuGetDeviceCount cudaGetDeviceCount
+#define gpuGetDevice cudaGetDevice
+#define gpuSetDevice cudaSetDevice
+#define gpuGetDeviceProperties cudaGetDeviceProperties
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetLastError cudaGetLastError
+#define gpuMalloc cudaMalloc
+#define gpuFree cudaFree
+#define gpuHostAlloc(p, n) cudaHostAlloc((p), (n), cudaHostAllocDefault)
+#define gpuFreeHost cudaFreeHost
+#define gpuMemset cudaMemset
+#define gpuMemcpy cudaMemcpy
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemcpy2DAsync cudaMemcpy2DAsync
+#define gpuMemcpyDefault cudaMemcpyDefault
+#define gpuMemcpyHostToDevice cudaMemcpyHostToDevice
+#define gpuStreamSynchronize cudaStreamSynchronize
+#define gpuMemGetInfo cudaMemGetInfo
+#define gpuFuncSetMaxDynamicSmem(f, n) \
+  cudaFuncSetAttribute((f), cudaFuncAttributeMaxDynamicSharedMemorySize, (n))
+#define PA_RUNTIME_NAME "cuda"
+#define PA_DEVICE_TYPE PAGEDATTN_DEVICE_CUDA
+#define PA_HOST_DEVICE_TYPE PAGEDATTN_DEVICE_CUDA_HOST
+
+#define PA_WARP_SIZE 32
+#define PA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+#endif
+
+#endif  // PAGEDATTN_GPU_VENDOR_CUH
