@@ -181,8 +181,8 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
     const pagedattn_dtype odt = pa::tensor_float_dtype(out, "out");
     if (odt != dt)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "out: dtype %s != q dtype %s", pa::dtype_name(odt),
-               pa::dtype_name(dt));
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype %s != out dtype %s", pa::dtype_name(dt),
+               pa::dtype_name(odt));
     a.out = pa::resolve3(out, "out", T, H, D, dt, dev);
     const int64_t kv_rows = cross ? pb.num_encoder_tokens : T;
     const bool need_kv = encoder_like || (o.write_kv && kv_rows > 0);
@@ -258,6 +258,8 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     a.k_scale = o.k_scale;
     a.v_scale = o.v_scale;
     a.stream = stream;
+    /* No rows and nothing to store: there is no work for the backend. */
+    if (T == 0 && !(o.write_kv && kv_rows > 0)) return;
     std::lock_guard<std::mutex> lock(h->in_use);
     char msg[PA_MSG_LEN] = {0};
     pa::check_op(b->ops->forward(b->state, &a, msg), pa::backend_name(b), "forward", msg);

@@ -54,8 +54,12 @@ void fail(pagedattn_status status, const char* fmt, ...) {
 
 void check_op(pagedattn_status st, const char* backend, const char* op, const char* msg) {
   if (st == PAGEDATTN_OK) return;
-  if (msg && msg[0])
+  if (msg && msg[0]) {
+    const size_t n = std::strlen(backend);
+    /* Backends may already name themselves; do not say it twice. */
+    if (std::strncmp(msg, backend, n) == 0 && msg[n] == ':') fail(st, "%s", msg);
     fail(st, "%s: %s", backend, msg);
+  }
   fail(st, "%s: %s failed with %s", backend, op, pagedattn_status_string(st));
 }
 
