@@ -2,6 +2,7 @@
  * synchronize) and the handle checks / reference counting shared by the other entry points. */
 #include <memory>
 #include <set>
+#include <unordered_set>
 #include <mutex>
 #include <string>
 
@@ -10,23 +11,50 @@
 
 namespace pa {
 
+namespace {
+/* Leaked on purpose: handles may be destroyed from static destructors at exit. */
+std::mutex& live_mutex() {
+  static std::mutex* m = new std::mutex();
+  return *m;
+}
+std::unordered_set<const void*>& live_set() {
+  static std::unordered_set<const void*>* s = new std::unordered_set<const void*>();
+  return *s;
+}
+}  // namespace
+
+void register_handle(const void* h) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live_set().insert(h);
+}
+
+bool handle_live(const void* h) noexcept {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  return live_set().count(h) != 0;
+}
+
+bool take_handle(const void* h) noexcept {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  return live_set().erase(h) != 0;
+}
+
 pagedattn_backend* check_backend(const pagedattn_backend* b, const char* name) {
   if (!b) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
-  if (b->magic != kBackendMagic)
+  if (!handle_live(b) || b->magic != kBackendMagic)
     fail(PAGEDATTN_ERROR_INVALID_HANDLE, "%s was destroyed or is not a pagedattn_backend", name);
   return const_cast<pagedattn_backend*>(b);
 }
 
 pagedattn_kv_cache* check_cache(const pagedattn_kv_cache* c, const char* name) {
   if (!c) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
-  if (c->magic != kCacheMagic)
+  if (!handle_live(c) || c->magic != kCacheMagic)
     fail(PAGEDATTN_ERROR_INVALID_HANDLE, "%s was destroyed or is not a pagedattn_kv_cache", name);
   return const_cast<pagedattn_kv_cache*>(c);
 }
 
 pagedattn_batch* check_batch(const pagedattn_batch* b, const char* name) {
   if (!b) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
-  if (b->magic != kBatchMagic)
+  if (!handle_live(b) || b->magic != kBatchMagic)
     fail(PAGEDATTN_ERROR_INVALID_HANDLE, "%s was destroyed or is not a pagedattn_batch", name);
   return const_cast<pagedattn_batch*>(b);
 }
@@ -91,6 +119,16 @@ pagedattn_backend* create_one(int32_t index, const pagedattn_backend_options& op
   b->caps.struct_size = sizeof(pagedattn_capabilities);
   if (!b->caps.name) b->caps.name = name;
   return b.release();
+}
+
+pagedattn_backend* publish(pagedattn_backend* b) {
+  try {
+    register_handle(b);
+  } catch (...) {
+    backend_release(b);
+    throw;
+  }
+  return b;
 }
 
 }  // namespace
@@ -159,7 +197,7 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_create(pagedattn_backend** out,
       std::string reasons;
       for (int32_t idx : order) {
         try {
-          *out = pa::create_one(idx, o);
+          *out = pa::publish(pa::create_one(idx, o));
           return;
         } catch (const pa::Error& e) {
           reasons += (reasons.empty() ? "" : "; ") + e.msg;
@@ -171,12 +209,12 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_create(pagedattn_backend** out,
     if (idx < 0)
       pa::fail(PAGEDATTN_ERROR_UNKNOWN_BACKEND, "unknown backend \"%s\" (known: %s)", name,
                pa::known_backend_names().c_str());
-    *out = pa::create_one(idx, o);
+    *out = pa::publish(pa::create_one(idx, o));
   });
 }
 
 PAGEDATTN_API void pagedattn_backend_destroy(pagedattn_backend* backend) {
-  if (!backend || backend->magic != pa::kBackendMagic) return;
+  if (!backend || !pa::take_handle(backend)) return;
   backend->magic = pa::kBackendDead;
   pa::backend_release(backend);
 }

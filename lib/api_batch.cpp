@@ -75,8 +75,14 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
     pa::check_op(b->ops->plan_batch(b->state, &h->pb, 0, msg), pa::backend_name(b), "plan_batch",
                  msg);
     h->planned = true;
-    pa::backend_retain(b);
     h->magic = pa::kBatchMagic;
+    try {
+      pa::register_handle(h.get());
+    } catch (...) {
+      b->ops->free_batch(b->state, &h->pb);
+      throw;
+    }
+    pa::backend_retain(b);
     *out = h.release();
   });
 }
@@ -112,7 +118,7 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_update(pagedattn_batch* batch,
 }
 
 PAGEDATTN_API void pagedattn_batch_destroy(pagedattn_batch* batch) {
-  if (!batch || batch->magic != pa::kBatchMagic) return;
+  if (!batch || !pa::take_handle(batch)) return;
   batch->magic = 0;
   pagedattn_backend* b = batch->backend;
   if (batch->planned) b->ops->free_batch(b->state, &batch->pb);

@@ -79,8 +79,14 @@ pagedattn_kv_cache* finish_cache(std::unique_ptr<pagedattn_kv_cache> c) {
     check_op(b->ops->cache_attach(b->state, &c->pc, msg), backend_name(b), "cache_attach", msg);
     c->attached = true;
   }
-  backend_retain(b);
   c->magic = kCacheMagic;
+  try {
+    register_handle(c.get());
+  } catch (...) {
+    if (c->attached && b->ops->cache_detach) b->ops->cache_detach(b->state, &c->pc);
+    throw;
+  }
+  backend_retain(b);
   return c.release();
 }
 
@@ -295,7 +301,7 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
 }
 
 PAGEDATTN_API void pagedattn_kv_cache_destroy(pagedattn_kv_cache* cache) {
-  if (!cache || cache->magic != pa::kCacheMagic) return;
+  if (!cache || !pa::take_handle(cache)) return;
   cache->magic = 0;
   pagedattn_backend* b = cache->backend;
   if (cache->attached && b->ops->cache_detach) b->ops->cache_detach(b->state, &cache->pc);

@@ -1,6 +1,7 @@
 /* lib/handles.h — what the opaque public handles are inside: a backend (ops table + state +
  * reference count), a KV cache (geometry + resolved pa_cache) and a planned batch. Each starts
- * with a magic number checked on every use and cleared on destroy. Caches and batches hold a
+ * with a magic number checked on every use (after a look-up in the set of live handles) and
+ * cleared on destroy. Caches and batches hold a
  * reference on their backend so out-of-order destruction never frees a backend still in use. */
 #ifndef PAGEDATTN_LIB_HANDLES_H
 #define PAGEDATTN_LIB_HANDLES_H
@@ -57,6 +58,13 @@ struct pagedattn_batch {
 };
 
 namespace pa {
+
+/* Live handles are kept in a set, so a destroyed or foreign pointer is recognised without
+ * reading freed memory. register_handle may throw (bad_alloc); take_handle removes a live handle
+ * and says whether it was live (a second destroy is then a no-op). */
+void register_handle(const void* h);
+bool handle_live(const void* h) noexcept;
+bool take_handle(const void* h) noexcept;
 
 /* Handle checks: NULL -> NULL_POINTER, wrong/destroyed -> INVALID_HANDLE naming `name`. */
 pagedattn_backend* check_backend(const pagedattn_backend* b, const char* name);
