@@ -240,7 +240,217 @@ HWY_INLINE float exp_row(float* HWY_RESTRICT s, float m, int nk) {
   return total;
 }
 
-void AttentionItem(const AttnItem& it, Scratch* sc) {
+// ---- Row-vectorised path (rows >= vector length: prefill tiles, wide GQA groups) ----
+// Vectors run over the item's rows: qT[d][r], s[k][r], accT[d][r]. Scores and P.V become
+// register-blocked outer products (no horizontal sums) and the softmax, masks, ALiBi and soft cap
+// are vectorised over rows.
+
+// s[k][rv0*N ...] for keys [0, nk4) (a multiple of 4) and RB row vectors from rv0.
+template <int RB>
+HWY_INLINE void wide_scores(const float* HWY_RESTRICT qT, const float* HWY_RESTRICT kt, int D,
+                            int Dp, int Rp, int rv0, int nk4, float* HWY_RESTRICT s) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int k0 = 0; k0 < nk4; k0 += 4) {
+    hn::Vec<DF> a[4][RB];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < RB; ++j) a[i][j] = hn::Zero(d);
+    const float* k0p = kt + static_cast<size_t>(k0) * Dp;
+    for (int x = 0; x < D; ++x) {
+      hn::Vec<DF> qv[RB];
+      for (int j = 0; j < RB; ++j) qv[j] = hn::Load(d, qT + static_cast<size_t>(x) * Rp + (rv0 + j) * N);
+      for (int i = 0; i < 4; ++i) {
+        const auto kb = hn::Set(d, k0p[static_cast<size_t>(i) * Dp + x]);
+        for (int j = 0; j < RB; ++j) a[i][j] = hn::MulAdd(qv[j], kb, a[i][j]);
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < RB; ++j) hn::Store(a[i][j], d, s + static_cast<size_t>(k0 + i) * Rp + (rv0 + j) * N);
+  }
+}
+
+// accT[d][rows] += sum_k vt[k][d] * p[k][rows] for 4 dims from x0 and RB row vectors from rv0.
+template <int RB>
+HWY_INLINE void wide_accumulate(float* HWY_RESTRICT accT, const float* HWY_RESTRICT p,
+                                const float* HWY_RESTRICT vt, int D, int Dp, int Rp, int rv0,
+                                int nk) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int x0 = 0; x0 < D; x0 += 4) {
+    hn::Vec<DF> a[4][RB];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < RB; ++j) a[i][j] = hn::Load(d, accT + static_cast<size_t>(x0 + i) * Rp + (rv0 + j) * N);
+    for (int k = 0; k < nk; ++k) {
+      hn::Vec<DF> pv[RB];
+      for (int j = 0; j < RB; ++j) pv[j] = hn::Load(d, p + static_cast<size_t>(k) * Rp + (rv0 + j) * N);
+      const float* vk = vt + static_cast<size_t>(k) * Dp + x0;
+      for (int i = 0; i < 4; ++i) {
+        const auto vb = hn::Set(d, vk[i]);
+        for (int j = 0; j < RB; ++j) a[i][j] = hn::MulAdd(pv[j], vb, a[i][j]);
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < RB; ++j) hn::Store(a[i][j], d, accT + static_cast<size_t>(x0 + i) * Rp + (rv0 + j) * N);
+  }
+}
+
+void AttentionItemWide(const AttnItem& it, Scratch* sc) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const int D = it.head_size;
+  const int Dp = (D + N - 1) / N * N;
+  const int nh = it.h1 - it.h0;
+  const int ntok = it.tok1 - it.tok0;
+  const int rows = nh * ntok;
+  const int Rp = (rows + N - 1) / N * N;
+  const int Rv = Rp / N;
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t qsz = elem_size(it.dtype);
+  float* qT = sc->q;
+  float* accT = sc->acc;
+
+  // Per-row data; padding rows see nothing.
+  int64_t kbeg = it.num_keys, kend = 0;
+  int32_t max_lo = 0, min_hi = std::numeric_limits<int32_t>::max();
+  for (int r = 0; r < Rp; ++r) {
+    sc->m[r] = kNegInf;
+    sc->l[r] = 0.0f;
+    if (r >= rows) {
+      sc->lo[r] = std::numeric_limits<int32_t>::max();
+      sc->hi[r] = -1;
+      sc->posf[r] = sc->slope[r] = 0.0f;
+      continue;
+    }
+    const int t = r / nh, g = r % nh;
+    const int64_t pos = static_cast<int64_t>(it.pos_offset) + it.tok0 + t;
+    int64_t lo = 0, hi = it.num_keys - 1;
+    if (it.causal) {
+      hi = std::min(hi, pos);
+      if (it.window > 0) lo = std::max<int64_t>(0, pos - it.window + 1);
+    }
+    lo = std::max(lo, it.key0);
+    hi = std::min(hi, it.key1 - 1);
+    sc->lo[r] = static_cast<int32_t>(lo);
+    sc->hi[r] = static_cast<int32_t>(hi);
+    sc->posf[r] = static_cast<float>(pos);
+    sc->slope[r] = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
+    kbeg = std::min(kbeg, lo);
+    kend = std::max(kend, hi + 1);
+    max_lo = std::max(max_lo, sc->lo[r]);
+    min_hi = std::min(min_hi, sc->hi[r]);
+  }
+  // qT (times the scale) and accT, zero padded.
+  memset(qT, 0, sizeof(float) * static_cast<size_t>(D) * Rp);
+  memset(accT, 0, sizeof(float) * static_cast<size_t>(D) * Rp);
+  float row[kMaxHeadSize];
+  for (int r = 0; r < rows; ++r) {
+    const int t = r / nh, g = r % nh;
+    const char* qp = static_cast<const char*>(it.q) +
+                     ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
+                         static_cast<int64_t>(qsz);
+    load_row(qp, it.dtype, 1.0f, row, D);
+    for (int x = 0; x < D; ++x) qT[static_cast<size_t>(x) * Rp + r] = row[x] * it.scale;
+  }
+  const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
+
+  for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
+    const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
+    if (kt0 + kKeyTile < kend)
+      prefetch_tile(it, kt0 + kKeyTile, static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile)));
+    load_tile(it, false, kt0, nk, sc->kt, Dp);
+    const int nk4 = (nk + 3) / 4 * 4;
+    for (int k = nk; k < nk4; ++k)  // finite filler for the 4-key blocking; never used
+      for (int x = 0; x < D; ++x) sc->kt[static_cast<size_t>(k) * Dp + x] = 0.0f;
+    int rv = 0;
+    for (; rv + 4 <= Rv; rv += 4) wide_scores<4>(qT, sc->kt, D, Dp, Rp, rv, nk4, sc->s);
+    switch (Rv - rv) {
+      case 3: wide_scores<3>(qT, sc->kt, D, Dp, Rp, rv, nk4, sc->s); break;
+      case 2: wide_scores<2>(qT, sc->kt, D, Dp, Rp, rv, nk4, sc->s); break;
+      case 1: wide_scores<1>(qT, sc->kt, D, Dp, Rp, rv, nk4, sc->s); break;
+      default: break;
+    }
+    // Masks, cap, ALiBi; online softmax per row vector.
+    const bool full = plain && max_lo <= kt0 && kt0 + nk - 1 <= min_hi;
+    const auto ninf = hn::Set(d, kNegInf);
+    for (int v = 0; v < Rv; ++v) {
+      const size_t o = static_cast<size_t>(v) * N;
+      auto mt = ninf;
+      if (full) {
+        for (int k = 0; k < nk; ++k) mt = hn::Max(mt, hn::Load(d, sc->s + static_cast<size_t>(k) * Rp + o));
+      } else {
+        const auto lo = hn::Load(di, sc->lo + o), hi = hn::Load(di, sc->hi + o);
+        const auto posf = hn::Load(d, sc->posf + o), slope = hn::Load(d, sc->slope + o);
+        const auto cap = hn::Set(d, it.soft_cap), inv_cap = hn::Set(d, it.soft_cap > 0.0f ? 1.0f / it.soft_cap : 0.0f);
+        for (int k = 0; k < nk; ++k) {
+          float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
+          auto x = hn::Load(d, sp);
+          if (it.soft_cap > 0.0f) x = hn::Mul(cap, hn::Tanh(d, hn::Mul(x, inv_cap)));
+          if (it.alibi != nullptr)
+            x = hn::MulAdd(slope, hn::Sub(hn::Set(d, static_cast<float>(kt0 + k)), posf), x);
+          const auto kp = hn::Set(di, static_cast<int32_t>(kt0 + k));
+          const auto vis = hn::RebindMask(d, hn::And(hn::Not(hn::Lt(kp, lo)), hn::Not(hn::Lt(hi, kp))));
+          x = hn::IfThenElse(vis, x, ninf);
+          hn::Store(x, d, sp);
+          mt = hn::Max(mt, x);
+        }
+      }
+      const auto mold = hn::Load(d, sc->m + o);
+      const auto mnew = hn::Max(mold, mt);
+      // A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp gives 0.
+      const auto msafe = hn::IfThenElse(hn::Eq(mnew, ninf), hn::Zero(d), mnew);
+      const auto alpha = hn::Exp(d, hn::Sub(mold, msafe));
+      hn::Store(mnew, d, sc->m + o);
+      hn::Store(alpha, d, sc->alpha + o);
+      auto sum = hn::Zero(d);
+      for (int k = 0; k < nk; ++k) {
+        float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
+        const auto p = hn::Exp(d, hn::Sub(hn::Load(d, sp), msafe));
+        hn::Store(p, d, sp);
+        sum = hn::Add(sum, p);
+      }
+      hn::Store(hn::MulAdd(hn::Load(d, sc->l + o), alpha, sum), d, sc->l + o);
+    }
+    // Rescale the accumulators by alpha (rows whose max moved).
+    for (int x = 0; x < D; ++x) {
+      float* ap = accT + static_cast<size_t>(x) * Rp;
+      for (int v = 0; v < Rv; ++v)
+        hn::Store(hn::Mul(hn::Load(d, ap + v * N), hn::Load(d, sc->alpha + v * N)), d, ap + v * N);
+    }
+    load_tile(it, true, kt0, nk, sc->vt, Dp);
+    rv = 0;
+    for (; rv + 4 <= Rv; rv += 4) wide_accumulate<4>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk);
+    switch (Rv - rv) {
+      case 3: wide_accumulate<3>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
+      case 2: wide_accumulate<2>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
+      case 1: wide_accumulate<1>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
+      default: break;
+    }
+  }
+
+  for (int r = 0; r < rows; ++r) {
+    const int t = r / nh, g = r % nh;
+    for (int x = 0; x < D; ++x) row[x] = accT[static_cast<size_t>(x) * Rp + r];
+    if (it.out == nullptr) {
+      memcpy(it.part_acc + static_cast<size_t>(r) * D, row, sizeof(float) * static_cast<size_t>(D));
+      it.part_m[r] = sc->m[r];
+      it.part_l[r] = sc->l[r];
+      continue;
+    }
+    const float l = sc->l[r];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    char* op = static_cast<char*>(it.out) +
+               ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
+                   static_cast<int64_t>(qsz);
+    for (int x = 0; x < D; ++x) store_elem(op, x, it.dtype, row[x] * inv, 1.0f);
+    if (it.lse != nullptr) {
+      it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
+          l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
+    }
+  }
+}
+
+void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
   const int D = it.head_size;
@@ -361,6 +571,15 @@ void AttentionItem(const AttnItem& it, Scratch* sc) {
             l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
       }
     }
+  }
+}
+
+void AttentionItem(const AttnItem& it, Scratch* sc) {
+  const int rows = (it.h1 - it.h0) * (it.tok1 - it.tok0);
+  if (rows >= static_cast<int>(hn::Lanes(DF()))) {
+    AttentionItemWide(it, sc);
+  } else {
+    AttentionItemDot(it, sc);
   }
 }
 
