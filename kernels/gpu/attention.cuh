@@ -49,7 +49,12 @@ struct AttnLayout {
   // accesses land in distinct bank groups.
   static constexpr int kRowBytes = ((DMAX * kES + 15) / 16) * 16 + 16;
   static constexpr int kQRow = ((DMAX + 15) / 16) * 16;  // floats per staged query row
+#if defined(PA_HIP)
+  // 64 KiB of LDS per workgroup on AMD: shorter chunks for the widest rows.
+  static constexpr int kChunk = (DMAX * kES <= 256) ? 64 : (DMAX * kES <= 512 ? 32 : 16);
+#else
   static constexpr int kChunk = (DMAX * kES <= 256) ? 64 : 32;
+#endif
 };
 
 template <int R, int NT, int CHUNK, typename KT, int DMAX>

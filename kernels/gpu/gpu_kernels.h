@@ -69,7 +69,11 @@ struct AttnParams {
 
 // Rows per CTA: decode tiles (one token, up to 8 query heads of a group) and prefill tiles.
 constexpr int kDecodeRows = 8;
+#if defined(PA_HIP)
+constexpr int kPrefillRows = 32;  // AMD GPUs have 64 KiB of LDS per workgroup
+#else
 constexpr int kPrefillRows = 64;
+#endif
 
 // Launches the attention kernel for q dtype `qt` and key/value element type `kt` over `max_items`
 // work items (grid x) and num_kv_heads * ceil(group / heads_per_cta) head groups (grid y).

@@ -475,7 +475,8 @@ pagedattn_status load_blocks(void* state, const pa_cache* cache, const int32_t* 
 // ---------------------------------------------------------------------------------------------
 // Planning
 
-constexpr int kPrefillTiles[3] = {16, 32, 64};  // tokens per prefill tile, by heads per CTA
+// Tokens per prefill tile, by heads per CTA (4, 2, 1): tiles of kPrefillRows rows.
+constexpr int kPrefillTiles[3] = {kPrefillRows / 4, kPrefillRows / 2, kPrefillRows};
 constexpr int64_t kPartFloats = 8192;            // per split partial: num_heads * head_size max
 constexpr int64_t kPartHeads = kPartFloats / 8;
 
@@ -577,11 +578,12 @@ pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
     acc += b->query_lens[i];
   }
   qst[b->num_seqs] = acc;
-  if (b->slot_mapping)
-    memcpy(pl->h<int64_t>(pl->o_slots), b->slot_mapping, b->num_tokens * sizeof(int64_t));
-  if (b->cross_slot_mapping)
-    memcpy(pl->h<int64_t>(pl->o_xslots), b->cross_slot_mapping,
-           b->num_encoder_tokens * sizeof(int64_t));
+  // Without a mapping every slot is padding (-1), so a write skips it.
+  int64_t* slots = pl->h<int64_t>(pl->o_slots);
+  for (int64_t t = 0; t < b->num_tokens; ++t) slots[t] = b->slot_mapping ? b->slot_mapping[t] : -1;
+  int64_t* xslots = pl->h<int64_t>(pl->o_xslots);
+  for (int64_t t = 0; t < b->num_encoder_tokens; ++t)
+    xslots[t] = b->cross_slot_mapping ? b->cross_slot_mapping[t] : -1;
   counts[kTokens] = static_cast<int32_t>(b->num_tokens);
   counts[kEncTokens] = static_cast<int32_t>(b->num_encoder_tokens);
   counts[kDecSplit] = nsplit;
@@ -854,7 +856,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   // Prefill tiles: tokens x heads of a group, 64 rows per CTA.
   p.heads_per_cta = std::min(p.group, 4);
   const int tm = kPrefillRows / pow2ceil(p.heads_per_cta);
-  const int j = tm == 64 ? 2 : (tm == 32 ? 1 : 0);
+  const int j = tm == kPrefillTiles[2] ? 2 : (tm == kPrefillTiles[1] ? 1 : 0);
   p.tile_tokens = tm;
   p.items = pl->d<WorkItem>(pl->o_pre[j]);
   p.num_items = counts + kPre0 + j;

@@ -1,0 +1,592 @@
+// GPU-only tests on the backend named by PAGEDATTN_TEST_BACKEND (cuda): every SPEC head size x
+// dtype x cache dtype, GQA ratios 1-8 and beyond, block sizes 8-128, split-KV decode, CUDA-graph
+// capture and replay after an in-place batch update, device <-> host swaps, and device slot
+// mappings with bad slots. Without a GPU every test prints "skipped: no GPU".
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "pagedattn_test_support.h"
+
+namespace {
+
+using pat::AttnCase;
+using pat::SeqSpec;
+
+const pagedattn_dtype kModel[] = {PAGEDATTN_DTYPE_FLOAT32, PAGEDATTN_DTYPE_FLOAT16,
+                                  PAGEDATTN_DTYPE_BFLOAT16};
+const pagedattn_dtype kCache[] = {PAGEDATTN_DTYPE_INVALID, PAGEDATTN_DTYPE_FP8_E4M3,
+                                  PAGEDATTN_DTYPE_FP8_E5M2};
+const int kSpecHeads[] = {32, 64, 80, 96, 112, 120, 128, 160, 192, 224, 256};
+const int kGpuBlocks[] = {8, 16, 32, 64, 128};
+
+#define CUDA_OK(call)                                                              \
+  do {                                                                             \
+    cudaError_t e_ = (call);                                                       \
+    ASSERT_EQ(e_, cudaSuccess) << #call << ": " << cudaGetErrorString(e_);         \
+  } while (0)
+
+class Gpu : public pat::BackendTest {
+ protected:
+  void run_cases(const std::vector<AttnCase>& cases, uint64_t master) {
+    SCOPED_TRACE(pat::seed_note(master));
+    std::mt19937_64 rng(master);
+    int failures = 0;
+    for (size_t i = 0; i < cases.size() && failures < 5; ++i) {
+      const uint64_t seed = rng();
+      pat::CaseResult res;
+      auto r = pat::run_attention_case(be, cases[i], seed, &res);
+      if (!r) ++failures;
+      EXPECT_TRUE(r) << "case " << i << ": " << cases[i].describe() << " (case seed " << seed << ")";
+    }
+  }
+};
+
+// A decode + prefill mix small enough for many cases.
+std::vector<SeqSpec> mixed(std::mt19937_64& rng, int max_q, int max_ctx) {
+  return pat::random_mixed_seqs(rng, 2 + static_cast<int>(rng() % 4), max_q, max_ctx, true);
+}
+
+TEST_F(Gpu, EverySpecHeadSizeDtypeAndCacheDtype) {
+  const uint64_t master = pat::test_seed();
+  std::mt19937_64 rng(master ^ 0x1234);
+  std::vector<AttnCase> cases;
+  int i = 0;
+  for (int d : kSpecHeads)
+    for (pagedattn_dtype dt : kModel)
+      for (pagedattn_dtype ct : kCache) {
+        AttnCase c;
+        c.dtype = dt;
+        c.cache_dtype = ct;
+        c.D = d;
+        c.H = 8;
+        c.Hkv = (i % 3 == 0) ? 8 : 2;
+        c.block_size = kGpuBlocks[i % 5];
+        c.layout = (i % 2) ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
+        c.lse = true;
+        if (pat::is_fp8(ct)) {
+          c.k_scale = 0.5f + static_cast<float>(rng() % 3);
+          c.v_scale = 0.25f * static_cast<float>(1 + rng() % 6);
+        }
+        c.seqs = mixed(rng, 70, 300);
+        cases.push_back(c);
+        ++i;
+      }
+  run_cases(cases, master);
+}
+
+TEST_F(Gpu, GqaRatios1To8AndWider) {
+  const uint64_t master = pat::test_seed();
+  std::mt19937_64 rng(master ^ 0x77);
+  std::vector<AttnCase> cases;
+  const int hkvs[] = {1, 2, 4};
+  for (int g : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16}) {
+    for (int hkv : hkvs) {
+      AttnCase c;
+      c.dtype = kModel[(g + hkv) % 3];
+      c.H = g * hkv;
+      c.Hkv = hkv;
+      c.D = (g % 2) ? 128 : 64;
+      c.block_size = kGpuBlocks[(g + hkv) % 5];
+      c.lse = true;
+      c.seqs = mixed(rng, 90, 600);
+      cases.push_back(c);
+    }
+  }
+  run_cases(cases, master);
+}
+
+TEST_F(Gpu, BlockSizesLayoutsAndFeatures) {
+  const uint64_t master = pat::test_seed();
+  std::mt19937_64 rng(master ^ 0x99);
+  std::vector<AttnCase> cases;
+  int i = 0;
+  for (int bs : kGpuBlocks)
+    for (pagedattn_layout lay : {PAGEDATTN_LAYOUT_NHD, PAGEDATTN_LAYOUT_HND})
+      for (int feature = 0; feature < 8; ++feature, ++i) {
+        AttnCase c;
+        c.dtype = kModel[i % 3];
+        c.cache_dtype = kCache[(i / 3) % 3];
+        c.block_size = bs;
+        c.layout = lay;
+        c.H = 8;
+        c.Hkv = 2;
+        c.D = 128;
+        c.lse = true;
+        c.seqs = mixed(rng, 40, 400);
+        switch (feature) {
+          case 0: c.alibi = true; break;
+          case 1: c.soft_cap = 10.f + static_cast<float>(rng() % 30); break;
+          case 2: c.window = 1 + static_cast<int>(rng() % 100); break;
+          case 3:
+            c.type = PAGEDATTN_ATTENTION_ENCODER;
+            for (auto& s : c.seqs) { s.ctx = 0; s.qlen = std::max(1, s.qlen); }
+            break;
+          case 4:
+            c.type = PAGEDATTN_ATTENTION_CROSS;
+            for (auto& s : c.seqs) s.enc = static_cast<int>(rng() % 300);
+            break;
+          case 5: c.strided_io = true; c.wrap_cache = true; break;
+          case 6: c.caller_slots = true; c.num_layers = 3; c.layer = 1; break;
+          default:
+            c.type = PAGEDATTN_ATTENTION_ENCODER_ONLY;
+            c.write_kv = false;
+            for (auto& s : c.seqs) { s.ctx = 0; s.qlen = std::max(1, s.qlen); }
+            break;
+        }
+        cases.push_back(c);
+      }
+  run_cases(cases, master);
+}
+
+// Few long decodes leave most of the GPU idle: the plan splits the keys and merges the parts.
+TEST_F(Gpu, SplitKvLongDecodes) {
+  const uint64_t master = pat::test_seed();
+  std::mt19937_64 rng(master ^ 0x5);
+  std::vector<AttnCase> cases;
+  for (int i = 0; i < 12; ++i) {
+    AttnCase c;
+    c.dtype = kModel[i % 3];
+    c.cache_dtype = kCache[(i / 3) % 3];
+    c.H = (i % 2) ? 32 : 16;
+    c.Hkv = (i % 2) ? 8 : 16;
+    c.D = (i % 4 < 2) ? 128 : 256;
+    c.block_size = kGpuBlocks[i % 5];
+    c.lse = true;
+    if (i % 4 == 1) c.window = 100 + static_cast<int>(rng() % 3000);
+    if (i % 4 == 2) c.alibi = true;
+    if (i % 4 == 3) c.soft_cap = 30.f;
+    const int n = 1 + static_cast<int>(rng() % 3);
+    for (int s = 0; s < n; ++s) {
+      SeqSpec q;
+      q.qlen = 1;
+      q.ctx = 2000 + static_cast<int>(rng() % 7000);
+      c.seqs.push_back(q);
+    }
+    cases.push_back(c);
+  }
+  run_cases(cases, master);
+}
+
+TEST_F(Gpu, LongChunkedPrefill) {
+  const uint64_t master = pat::test_seed();
+  std::mt19937_64 rng(master ^ 0x3);
+  std::vector<AttnCase> cases;
+  for (int i = 0; i < 6; ++i) {
+    AttnCase c;
+    c.dtype = kModel[i % 3];
+    c.H = 16;
+    c.Hkv = 4;
+    c.D = 128;
+    c.block_size = 16;
+    c.lse = true;
+    if (i % 2) c.window = 16 + static_cast<int>(rng() % 2032);
+    c.seqs = pat::random_chunked_seqs(rng, 2 + static_cast<int>(rng() % 3), 16, 1024);
+    cases.push_back(c);
+  }
+  run_cases(cases, master);
+}
+
+// ---- helpers for the hand-built tests ----
+
+pagedattn_tensor host_i64(std::vector<int64_t>& v, int64_t* shape) {
+  pagedattn_tensor t{};
+  t.data = v.data();
+  t.device = {PAGEDATTN_DEVICE_CPU, 0};
+  t.ndim = 1;
+  t.dtype = {PAGEDATTN_DLPACK_INT, 64, 1};
+  *shape = static_cast<int64_t>(v.size());
+  t.shape = shape;
+  return t;
+}
+
+pagedattn_kv_cache* make_cache(pagedattn_backend* be, int layers, int blocks, int bs, int hkv,
+                               int d, pagedattn_dtype dt, pagedattn_layout lay, uint32_t flags) {
+  pagedattn_kv_cache_desc desc;
+  pagedattn_kv_cache_desc_init(&desc);
+  desc.num_layers = layers;
+  desc.num_blocks = blocks;
+  desc.block_size = bs;
+  desc.num_kv_heads = hkv;
+  desc.head_size = d;
+  desc.dtype = dt;
+  desc.layout = lay;
+  desc.flags = flags;
+  pagedattn_kv_cache* c = nullptr;
+  const pagedattn_status st = pagedattn_kv_cache_create(&c, be, &desc);
+  EXPECT_EQ(st, PAGEDATTN_OK) << pagedattn_last_error();
+  return c;
+}
+
+// One decode step's world: K/V of every position on the host, tables, the cache filled with the
+// context, device tensors of capacity `cap` rows.
+struct DecodeWorld {
+  int H = 8, Hkv = 2, D = 128, bs = 16, nb = 256;
+  pagedattn_dtype dt = PAGEDATTN_DTYPE_BFLOAT16;
+  std::vector<int32_t> ctx, table;
+  int width = 32;
+  std::vector<std::vector<float>> k, v;  // per seq: [(ctx+1)][Hkv][D], rounded to dt
+  std::vector<float> q;                  // [nseq][H][D]
+};
+
+void fill_world(DecodeWorld& w, std::mt19937_64& rng, int nseq) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<int32_t> pool(w.nb);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  w.ctx.assign(nseq, 0);
+  w.table.assign(static_cast<size_t>(nseq) * w.width, 0);
+  w.k.assign(nseq, {});
+  w.v.assign(nseq, {});
+  size_t next = 0;
+  for (int s = 0; s < nseq; ++s) {
+    w.ctx[s] = static_cast<int32_t>(rng() % 300);
+    const int need = (w.ctx[s] + 1 + w.bs - 1) / w.bs;
+    for (int b = 0; b < need; ++b) w.table[static_cast<size_t>(s) * w.width + b] = pool[next++];
+    const size_t n = static_cast<size_t>(w.ctx[s] + 1) * w.Hkv * w.D;
+    w.k[s].resize(n);
+    w.v[s].resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      w.k[s][i] = pat::round_to(w.dt, u(rng));
+      w.v[s][i] = pat::round_to(w.dt, u(rng));
+    }
+  }
+  w.q.resize(static_cast<size_t>(nseq) * w.H * w.D);
+  for (auto& x : w.q) x = pat::round_to(w.dt, u(rng));
+}
+
+// Writes every context position of every sequence into the cache (host slot mapping).
+void write_context(DecodeWorld& w, pagedattn_kv_cache* cache, pagedattn_device dev) {
+  std::vector<int64_t> slots;
+  std::vector<float> kr, vr;
+  for (size_t s = 0; s < w.ctx.size(); ++s)
+    for (int p = 0; p < w.ctx[s]; ++p) {
+      slots.push_back(static_cast<int64_t>(w.table[s * w.width + p / w.bs]) * w.bs + p % w.bs);
+      const size_t off = static_cast<size_t>(p) * w.Hkv * w.D;
+      kr.insert(kr.end(), w.k[s].begin() + off, w.k[s].begin() + off + w.Hkv * w.D);
+      vr.insert(vr.end(), w.v[s].begin() + off, w.v[s].begin() + off + w.Hkv * w.D);
+    }
+  if (slots.empty()) return;
+  const int64_t n = static_cast<int64_t>(slots.size());
+  pat::Tensor kt(dev, w.dt, n, w.Hkv, w.D), vt(dev, w.dt, n, w.Hkv, w.D);
+  for (int64_t r = 0; r < n; ++r)
+    for (int h = 0; h < w.Hkv; ++h)
+      for (int d = 0; d < w.D; ++d) {
+        kt.set(r, h, d, kr[(r * w.Hkv + h) * w.D + d]);
+        vt.set(r, h, d, vr[(r * w.Hkv + h) * w.D + d]);
+      }
+  kt.upload();
+  vt.upload();
+  int64_t shape = 0;
+  pagedattn_tensor st = host_i64(slots, &shape);
+  ASSERT_EQ(pagedattn_kv_cache_write(cache, 0, kt.t(), vt.t(), &st, 1.f, 1.f, nullptr), PAGEDATTN_OK)
+      << pagedattn_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+// Loads q and the new tokens' k/v into device tensors of capacity rows.
+void load_step(const DecodeWorld& w, pat::Tensor& q, pat::Tensor& k, pat::Tensor& v) {
+  q.poison_all();
+  k.poison_all();
+  v.poison_all();
+  for (size_t s = 0; s < w.ctx.size(); ++s) {
+    for (int h = 0; h < w.H; ++h)
+      for (int d = 0; d < w.D; ++d) q.set(static_cast<int64_t>(s), h, d, w.q[(s * w.H + h) * w.D + d]);
+    const size_t off = static_cast<size_t>(w.ctx[s]) * w.Hkv * w.D;
+    for (int h = 0; h < w.Hkv; ++h)
+      for (int d = 0; d < w.D; ++d) {
+        k.set(static_cast<int64_t>(s), h, d, w.k[s][off + h * w.D + d]);
+        v.set(static_cast<int64_t>(s), h, d, w.v[s][off + h * w.D + d]);
+      }
+  }
+  q.upload();
+  k.upload();
+  v.upload();
+}
+
+::testing::AssertionResult check_world(const DecodeWorld& w, pat::Tensor& out) {
+  out.download();
+  std::vector<double> ref;
+  std::vector<float> got;
+  pat::RefParams rp;
+  rp.H = w.H;
+  rp.Hkv = w.Hkv;
+  rp.D = w.D;
+  rp.scale = 1.0 / std::sqrt(static_cast<double>(w.D));
+  for (size_t s = 0; s < w.ctx.size(); ++s) {
+    std::vector<double> o(static_cast<size_t>(w.H) * w.D), lse(w.H);
+    const int64_t qpos = w.ctx[s];
+    pat::ref_attend(rp, 1, w.q.data() + s * w.H * w.D, &qpos, w.ctx[s] + 1, w.k[s].data(),
+                    w.v[s].data(), o.data(), lse.data());
+    ref.insert(ref.end(), o.begin(), o.end());
+    for (int h = 0; h < w.H; ++h)
+      for (int d = 0; d < w.D; ++d) got.push_back(out.get(static_cast<int64_t>(s), h, d));
+  }
+  return pat::check_close("out", ref, got, pat::tolerance(w.dt, w.dt));
+}
+
+pagedattn_batch_desc decode_desc(DecodeWorld& w, std::vector<int32_t>& qlens) {
+  qlens.assign(w.ctx.size(), 1);
+  pagedattn_batch_desc desc;
+  pagedattn_batch_desc_init(&desc);
+  desc.num_seqs = static_cast<int32_t>(w.ctx.size());
+  desc.query_lens = qlens.data();
+  desc.context_lens = w.ctx.data();
+  desc.block_tables = w.table.data();
+  desc.block_table_stride = w.width;
+  return desc;
+}
+
+// Captures a decode forward in a CUDA graph, updates the batch in place (other lengths, tables
+// and sequence count), replays, and checks the replay against the float64 reference and against
+// an uncaptured forward of the same step.
+TEST_F(Gpu, GraphCaptureDecodeReplayAfterUpdate) {
+  if (!(caps.features & PAGEDATTN_FEATURE_GRAPH_CAPTURE)) GTEST_SKIP() << "no graph capture";
+  const uint64_t master = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(master));
+  std::mt19937_64 rng(master);
+  DecodeWorld w;
+  const int cap = 8;
+  pagedattn_kv_cache* cache = make_cache(be, 1, w.nb, w.bs, w.Hkv, w.D, w.dt,
+                                         PAGEDATTN_LAYOUT_NHD, 0);
+  ASSERT_NE(cache, nullptr);
+  pat::Tensor q(dev, w.dt, cap, w.H, w.D), k(dev, w.dt, cap, w.Hkv, w.D),
+      v(dev, w.dt, cap, w.Hkv, w.D), out(dev, w.dt, cap, w.H, w.D), out2(dev, w.dt, cap, w.H, w.D);
+  // The tensors handed over say 4 rows; the buffers hold `cap` rows for the replay after update.
+  auto rows = [](pat::Tensor& t, int64_t n) {
+    pagedattn_tensor x = *t.t();
+    t.shape[0] = n;
+    x.shape = t.shape.data();
+    return x;
+  };
+
+  fill_world(w, rng, 4);
+  write_context(w, cache, dev);
+  load_step(w, q, k, v);
+  std::vector<int32_t> qlens;
+  pagedattn_batch_desc desc = decode_desc(w, qlens);
+  desc.max_num_seqs = cap;
+  desc.max_num_tokens = cap;
+  desc.max_blocks_per_seq = w.width;
+  desc.max_seq_len = w.width * w.bs;
+  pagedattn_batch* batch = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &desc), PAGEDATTN_OK)
+      << pagedattn_last_error();
+  pagedattn_attention_options opts;
+  pagedattn_attention_options_init(&opts);
+  opts.num_heads = w.H;
+  opts.num_kv_heads = w.Hkv;
+  opts.head_size = w.D;
+
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  pagedattn_tensor tq = rows(q, 4), tk = rows(k, 4), tv = rows(v, 4), to = rows(out, 4);
+  // Warm-up outside the capture (kernel attributes are set on first use).
+  ASSERT_EQ(pagedattn_forward(be, batch, cache, 0, &opts, &tq, &tk, &tv, &to, nullptr, stream),
+            PAGEDATTN_OK) << pagedattn_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const pagedattn_status fst =
+      pagedattn_forward(be, batch, cache, 0, &opts, &tq, &tk, &tv, &to, nullptr, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(fst, PAGEDATTN_OK) << pagedattn_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+  out.poison_all();
+  out.upload();
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(check_world(w, out)) << "first replay";
+
+  // A new step: 6 sequences with new lengths and tables, same device buffers and cache.
+  DecodeWorld w2;
+  fill_world(w2, rng, 6);
+  write_context(w2, cache, dev);
+  load_step(w2, q, k, v);
+  std::vector<int32_t> qlens2;
+  pagedattn_batch_desc desc2 = decode_desc(w2, qlens2);
+  ASSERT_EQ(pagedattn_batch_update(batch, &desc2), PAGEDATTN_OK) << pagedattn_last_error();
+  out.poison_all();
+  out.upload();
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  EXPECT_TRUE(check_world(w2, out)) << "replay after update";
+
+  // The same step without a graph (write_kv off: the replay already wrote the new tokens).
+  pagedattn_tensor tq6 = rows(q, 6), to6 = rows(out2, 6);
+  pagedattn_attention_options o2 = opts;
+  o2.write_kv = 0;
+  ASSERT_EQ(pagedattn_forward(be, batch, cache, 0, &o2, &tq6, nullptr, nullptr, &to6, nullptr,
+                              stream), PAGEDATTN_OK) << pagedattn_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  out2.download();
+  out.download();
+  bool same = true;
+  for (int64_t r = 0; r < 6 && same; ++r)
+    for (int h = 0; h < w.H && same; ++h)
+      for (int d = 0; d < w.D && same; ++d) same = out.get(r, h, d) == out2.get(r, h, d);
+  EXPECT_TRUE(same) << "graph replay differs from a direct forward";
+
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  pagedattn_batch_destroy(batch);
+  pagedattn_kv_cache_destroy(cache);
+}
+
+// Element (id, layer, kv, slot, head, d) of a read_blocks buffer.
+size_t packed_index(int layers, int bs, int hkv, int d, pagedattn_layout lay, size_t i, int l,
+                    int kv, int slot, int h, int x) {
+  const size_t blk = static_cast<size_t>(bs) * hkv * d;
+  const size_t base = ((i * layers + l) * 2 + kv) * blk;
+  return base + (lay == PAGEDATTN_LAYOUT_NHD ? (static_cast<size_t>(slot) * hkv + h) * d + x
+                                             : (static_cast<size_t>(h) * bs + slot) * d + x);
+}
+
+TEST_F(Gpu, SwapDeviceHostRoundTrips) {
+  const uint64_t master = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(master));
+  std::mt19937_64 rng(master);
+  const int L = 2, nb = 64, bs = 16, hkv = 2, d = 64;
+  const pagedattn_dtype dt = PAGEDATTN_DTYPE_FLOAT16;
+  for (pagedattn_layout host_layout : {PAGEDATTN_LAYOUT_NHD, PAGEDATTN_LAYOUT_HND}) {
+    SCOPED_TRACE(host_layout == PAGEDATTN_LAYOUT_NHD ? "host NHD" : "host HND");
+    pagedattn_kv_cache* dc = make_cache(be, L, nb, bs, hkv, d, dt, PAGEDATTN_LAYOUT_NHD, 0);
+    pagedattn_kv_cache* hc = make_cache(be, L, 32, bs, hkv, d, dt, host_layout,
+                                        PAGEDATTN_KV_CACHE_HOST);
+    ASSERT_TRUE(dc && hc);
+    uint64_t bpb = 0;
+    pagedattn_kv_cache_desc desc;
+    desc.struct_size = sizeof(desc);
+    ASSERT_EQ(pagedattn_kv_cache_get_desc(&desc, dc), PAGEDATTN_OK);
+    ASSERT_EQ(pagedattn_kv_cache_bytes_per_block(&bpb, &desc), PAGEDATTN_OK);
+    const size_t elems_pb = bpb / 2;
+    // Fill every device block with random finite halves.
+    std::vector<int32_t> all(nb);
+    std::iota(all.begin(), all.end(), 0);
+    std::vector<uint8_t> img(bpb * nb);
+    std::uniform_real_distribution<float> u(-4.f, 4.f);
+    for (size_t i = 0; i < elems_pb * nb; ++i) pat::store(dt, img.data() + 2 * i, u(rng));
+    ASSERT_EQ(pagedattn_kv_cache_load_blocks(dc, all.data(), nb, img.data(), img.size(), nullptr),
+              PAGEDATTN_OK) << pagedattn_last_error();
+
+    // Out: runs (3,4,5 -> 0,1,2) and scattered ids.
+    const int32_t out_pairs[] = {3, 0, 4, 1, 5, 2, 10, 7, 20, 31, 63, 8};
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    ASSERT_EQ(pagedattn_kv_cache_swap_blocks(hc, dc, out_pairs, 6, stream), PAGEDATTN_OK)
+        << pagedattn_last_error();
+    CUDA_OK(cudaStreamSynchronize(stream));
+    const int32_t host_ids[] = {0, 1, 2, 7, 31, 8};
+    std::vector<uint8_t> hb(bpb * 6);
+    ASSERT_EQ(pagedattn_kv_cache_read_blocks(hc, host_ids, 6, hb.data(), hb.size(), nullptr),
+              PAGEDATTN_OK) << pagedattn_last_error();
+    int bad = 0;
+    for (int p = 0; p < 6; ++p)
+      for (int l = 0; l < L; ++l)
+        for (int kv = 0; kv < 2; ++kv)
+          for (int s = 0; s < bs; ++s)
+            for (int h = 0; h < hkv; ++h)
+              for (int x = 0; x < d; ++x) {
+                const size_t a = packed_index(L, bs, hkv, d, host_layout, p, l, kv, s, h, x);
+                const size_t b = packed_index(L, bs, hkv, d, PAGEDATTN_LAYOUT_NHD,
+                                              out_pairs[2 * p], l, kv, s, h, x);
+                if (std::memcmp(hb.data() + 2 * a, img.data() + 2 * b, 2) != 0) ++bad;
+              }
+    EXPECT_EQ(bad, 0) << "device -> host swap";
+
+    // Back in, to other device blocks (a run and a single); the rest must stay as loaded.
+    const int32_t in_pairs[] = {0, 40, 1, 41, 7, 50};
+    ASSERT_EQ(pagedattn_kv_cache_swap_blocks(dc, hc, in_pairs, 3, stream), PAGEDATTN_OK)
+        << pagedattn_last_error();
+    CUDA_OK(cudaStreamSynchronize(stream));
+    std::vector<uint8_t> after(img.size());
+    ASSERT_EQ(pagedattn_kv_cache_read_blocks(dc, all.data(), nb, after.data(), after.size(), nullptr),
+              PAGEDATTN_OK) << pagedattn_last_error();
+    std::vector<uint8_t> expect = img;
+    const int srcs[] = {3, 4, 10};  // where the host blocks 0, 1, 7 came from
+    const int dsts[] = {40, 41, 50};
+    for (int j = 0; j < 3; ++j)
+      std::memcpy(expect.data() + bpb * dsts[j], img.data() + bpb * srcs[j], bpb);
+    EXPECT_TRUE(after == expect) << "host -> device swap (or untouched blocks changed)";
+    CUDA_OK(cudaStreamDestroy(stream));
+    pagedattn_kv_cache_destroy(hc);
+    pagedattn_kv_cache_destroy(dc);
+  }
+}
+
+// A slot mapping in device memory cannot be checked on the host: bad slots are skipped in the
+// kernel and nothing outside the valid slots changes.
+TEST_F(Gpu, DeviceSlotMappingSkipsBadSlots) {
+  const int nb = 8, bs = 8, hkv = 2, d = 64;
+  const pagedattn_dtype dt = PAGEDATTN_DTYPE_BFLOAT16;
+  for (int bits : {64, 32}) {
+    SCOPED_TRACE(bits == 64 ? "int64 slots" : "int32 slots");
+    pagedattn_kv_cache* c = make_cache(be, 1, nb, bs, hkv, d, dt, PAGEDATTN_LAYOUT_HND, 0);
+    ASSERT_NE(c, nullptr);
+    const int64_t slots[] = {5, -1, 63, 64, -7, 10, 1000000};
+    const int n = 7;
+    pat::Tensor k(dev, dt, n, hkv, d), v(dev, dt, n, hkv, d);
+    for (int r = 0; r < n; ++r)
+      for (int h = 0; h < hkv; ++h)
+        for (int x = 0; x < d; ++x) {
+          k.set(r, h, x, static_cast<float>(r + 1));
+          v.set(r, h, x, -static_cast<float>(r + 1));
+        }
+    k.upload();
+    v.upload();
+    void* ds = nullptr;
+    CUDA_OK(cudaMalloc(&ds, sizeof(slots)));
+    if (bits == 64) {
+      CUDA_OK(cudaMemcpy(ds, slots, sizeof(slots), cudaMemcpyHostToDevice));
+    } else {
+      int32_t s32[n];
+      for (int i = 0; i < n; ++i) s32[i] = static_cast<int32_t>(slots[i]);
+      CUDA_OK(cudaMemcpy(ds, s32, sizeof(s32), cudaMemcpyHostToDevice));
+    }
+    int64_t shape = n;
+    pagedattn_tensor st{};
+    st.data = ds;
+    st.device = dev;
+    st.ndim = 1;
+    st.dtype = {PAGEDATTN_DLPACK_INT, static_cast<uint8_t>(bits), 1};
+    st.shape = &shape;
+    ASSERT_EQ(pagedattn_kv_cache_write(c, 0, k.t(), v.t(), &st, 1.f, 1.f, nullptr), PAGEDATTN_OK)
+        << pagedattn_last_error();
+    ASSERT_EQ(pagedattn_backend_synchronize(be, nullptr), PAGEDATTN_OK) << pagedattn_last_error();
+    std::vector<int32_t> ids(nb);
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t blk = static_cast<size_t>(bs) * hkv * d;
+    std::vector<uint8_t> buf(2 * blk * 2 * nb);
+    ASSERT_EQ(pagedattn_kv_cache_read_blocks(c, ids.data(), nb, buf.data(), buf.size(), nullptr),
+              PAGEDATTN_OK) << pagedattn_last_error();
+    int bad = 0;
+    for (int b = 0; b < nb; ++b)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int h = 0; h < hkv; ++h)
+          for (int s = 0; s < bs; ++s)
+            for (int x = 0; x < d; ++x) {
+              const int slot = b * bs + s;
+              float want = 0.f;
+              if (slot == 5) want = 1.f;
+              if (slot == 63) want = 3.f;
+              if (slot == 10) want = 6.f;
+              if (kv) want = -want;
+              const size_t i = packed_index(1, bs, hkv, d, PAGEDATTN_LAYOUT_HND, b, 0, kv, s, h, x);
+              if (pat::load(dt, buf.data() + 2 * i) != want) ++bad;
+            }
+    EXPECT_EQ(bad, 0);
+    CUDA_OK(cudaFree(ds));
+    pagedattn_kv_cache_destroy(c);
+  }
+}
+
+}  // namespace
