@@ -1,0 +1,316 @@
+// Attention against the float64 reference (SPEC section 6). Every test draws fresh random cases
+// (PAGEDATTN_TEST_SEED reproduces a run); tests named Fast* are the subset run once per SIMD
+// target.
+#include <algorithm>
+#include <functional>
+
+#include "pagedattn_test_support.h"
+
+namespace {
+
+using pat::AttnCase;
+using pat::SeqSpec;
+
+const pagedattn_dtype kModel[] = {PAGEDATTN_DTYPE_FLOAT32, PAGEDATTN_DTYPE_FLOAT16,
+                                  PAGEDATTN_DTYPE_BFLOAT16};
+const int kHeadSizes[] = {64, 80, 96, 112, 128, 256, 8, 40, 72, 200, 32, 120, 160, 192, 224, 16};
+const int kBlockSizes[] = {16, 8, 32, 1, 256, 2, 4, 64, 128};
+const std::pair<int, int> kHeads[] = {{4, 4}, {8, 1}, {8, 2}, {6, 2}, {16, 2}, {5, 5},
+                                      {12, 4}, {10, 2}, {7, 1}, {3, 3}};
+
+template <class T, size_t N>
+const T& pick(const T (&a)[N], std::mt19937_64& rng) {
+  return a[rng() % N];
+}
+
+class Attention : public pat::BackendTest {
+ protected:
+  // Runs `count` cases drawn by gen from a master seed; reports each failing case with its seed.
+  void run(int count, const std::function<AttnCase(std::mt19937_64&, int)>& gen) {
+    const uint64_t master = pat::test_seed();
+    SCOPED_TRACE(pat::seed_note(master));
+    std::mt19937_64 rng(master);
+    int failures = 0;
+    for (int i = 0; i < count && failures < 5; ++i) {
+      AttnCase c = gen(rng, i);
+      if (!supported(c)) continue;
+      const uint64_t seed = rng();
+      pat::CaseResult res;
+      auto r = pat::run_attention_case(be, c, seed, &res);
+      if (!r) ++failures;
+      EXPECT_TRUE(r) << "case " << i << ": " << c.describe() << " (case seed " << seed << ")";
+    }
+  }
+  // Skips combinations a (GPU) backend declares it lacks; on CPU everything is required.
+  bool supported(const AttnCase& c) const {
+    if (caps.device.device_type == PAGEDATTN_DEVICE_CPU) return true;
+    const unsigned bslog = __builtin_ctz(static_cast<unsigned>(c.block_size));
+    if (!(caps.block_sizes & (1u << bslog))) return false;
+    if (!(caps.head_sizes & (1u << (c.D / 8 - 1)))) return false;
+    return true;
+  }
+  AttnCase base(std::mt19937_64& rng) const {
+    AttnCase c;
+    c.dtype = pick(kModel, rng);
+    const auto hh = pick(kHeads, rng);
+    c.H = hh.first;
+    c.Hkv = hh.second;
+    c.D = pick(kHeadSizes, rng);
+    c.block_size = pick(kBlockSizes, rng);
+    c.layout = rng() % 2 ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
+    c.lse = rng() % 2;
+    return c;
+  }
+  // Keeps a case cheap enough for 2 cores: small block sizes with long sequences are fine, but
+  // very wide heads with long prefills are not.
+  static void limit_cost(AttnCase& c, int64_t budget) {
+    for (int guard = 0; guard < 40; ++guard) {
+      int64_t cost = 0;
+      for (auto& s : c.seqs) cost += static_cast<int64_t>(s.qlen) * (s.ctx + s.qlen + s.enc);
+      cost *= static_cast<int64_t>(c.H) * c.D;
+      if (cost <= budget) return;
+      for (auto& s : c.seqs) {
+        s.qlen = std::max(s.qlen > 0 ? 1 : 0, s.qlen / 2);
+        s.ctx /= 2;
+        s.enc = std::max(s.enc > 0 ? 1 : 0, s.enc / 2);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+// ---- the fast subset (also run per SIMD target) ----
+
+TEST_F(Attention, FastDecode) {
+  run(24, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.dtype = kModel[i % 3];
+    c.D = kHeadSizes[i % 16];
+    c.seqs = pat::random_decode_seqs(rng, 1 + static_cast<int>(rng() % 6), 200);
+    return c;
+  });
+}
+
+TEST_F(Attention, FastPrefillAndMixed) {
+  run(20, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.dtype = kModel[i % 3];
+    c.seqs = i % 2 ? pat::random_prefill_seqs(rng, 1 + static_cast<int>(rng() % 4), 40)
+                   : pat::random_mixed_seqs(rng, 2 + static_cast<int>(rng() % 6), 24, 80, true);
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, FastFeatures) {
+  run(24, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 5), 20, 60, false);
+    switch (i % 8) {
+      case 0: c.alibi = true; break;
+      case 1: c.soft_cap = 5.0f + static_cast<float>(rng() % 30); break;
+      case 2: c.window = 1 + static_cast<int>(rng() % 40); break;
+      case 3: c.cache_dtype = PAGEDATTN_DTYPE_FP8_E4M3; c.k_scale = 0.25f; c.v_scale = 2.0f; break;
+      case 4: c.cache_dtype = PAGEDATTN_DTYPE_FP8_E5M2; c.k_scale = 3.0f; c.v_scale = 0.5f; break;
+      case 5: c.type = PAGEDATTN_ATTENTION_ENCODER; for (auto& s : c.seqs) { s.ctx = 0; s.qlen = std::max(1, s.qlen); } break;
+      case 6: c.type = PAGEDATTN_ATTENTION_CROSS; for (auto& s : c.seqs) s.enc = 1 + static_cast<int>(rng() % 50); break;
+      default: c.strided_io = true; c.wrap_cache = true; break;
+    }
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+// ---- grids ----
+
+TEST_F(Attention, DecodeGrid) {
+  run(60, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.dtype = kModel[i % 3];
+    c.D = kHeadSizes[i % 16];
+    c.block_size = kBlockSizes[i % 9];
+    const auto hh = kHeads[i % 10];
+    c.H = hh.first;
+    c.Hkv = hh.second;
+    if (i % 4 == 3) c.cache_dtype = i % 8 == 3 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_FP8_E5M2;
+    c.k_scale = 0.5f + static_cast<float>(rng() % 4);
+    c.v_scale = 0.25f * static_cast<float>(1 + rng() % 8);
+    c.seqs = pat::random_decode_seqs(rng, 1 + static_cast<int>(rng() % 8), 700);
+    limit_cost(c, 20'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, PrefillGrid) {
+  run(40, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.dtype = kModel[i % 3];
+    c.D = kHeadSizes[(i * 7) % 16];
+    c.block_size = kBlockSizes[i % 9];
+    c.seqs = pat::random_prefill_seqs(rng, 1 + static_cast<int>(rng() % 5), 150);
+    limit_cost(c, 60'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, ChunkedPrefill) {
+  // Query and context lengths drawn from 16..1024 (SPEC 6), windows 16..2048.
+  run(8, [&](std::mt19937_64& rng, int i) {
+    AttnCase c;
+    c.dtype = kModel[i % 3];
+    c.H = 4;
+    c.Hkv = i % 2 ? 1 : 2;
+    c.D = i % 4 < 2 ? 64 : 128;
+    c.block_size = i % 3 == 0 ? 16 : (i % 3 == 1 ? 32 : 8);
+    c.layout = i % 2 ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
+    c.seqs = pat::random_chunked_seqs(rng, 1 + static_cast<int>(rng() % 2), 16, 1024);
+    if (i % 2) c.window = 16 + static_cast<int>(rng() % (2048 - 16 + 1));
+    c.lse = true;
+    limit_cost(c, 400'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, MixedBatchesShuffledWithIdleEntries) {
+  run(24, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.dtype = kModel[i % 3];
+    c.seqs = pat::random_mixed_seqs(rng, 3 + static_cast<int>(rng() % 10), 70, 300, true);
+    c.caller_slots = i % 3 == 0;
+    limit_cost(c, 40'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, LineageHeads40and64x8) {
+  // The lineage's shapes: (H, Hkv) = (40, 40) and (64, 8), 7 sequences, head sizes 64..256,
+  // block sizes 8/16/32, contexts up to ~4k for decode.
+  run(6, [&](std::mt19937_64& rng, int i) {
+    AttnCase c;
+    c.dtype = kModel[i % 3];
+    c.H = i % 2 ? 64 : 40;
+    c.Hkv = i % 2 ? 8 : 40;
+    const int ds[] = {64, 128, 256, 80, 96, 112};
+    c.D = ds[i % 6];
+    c.block_size = 8 << (i % 3);
+    c.alibi = i == 1;
+    c.cache_dtype = i == 4 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_INVALID;
+    c.k_scale = 1.5f;
+    c.v_scale = 0.75f;
+    c.layout = i % 2 ? PAGEDATTN_LAYOUT_NHD : PAGEDATTN_LAYOUT_HND;
+    c.seqs = pat::random_decode_seqs(rng, 7, c.H == 64 ? 4000 : 1200);
+    limit_cost(c, 300'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, AlibiSoftCapWindowScale) {
+  run(30, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 6), 50, 200, false);
+    c.alibi = i % 2;
+    if (i % 3 == 0) c.soft_cap = 1.0f + static_cast<float>(rng() % 50);
+    if (i % 5 < 2) c.window = 1 + static_cast<int>(rng() % 120);
+    if (i % 4 == 1) c.scale = 0.02f + 0.01f * static_cast<float>(rng() % 20);
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, Fp8Caches) {
+  run(24, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.cache_dtype = i % 2 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_FP8_E5M2;
+    const float scales[] = {1.0f, 0.5f, 2.0f, 0.125f, 4.0f, 0.3f};
+    c.k_scale = scales[rng() % 6];
+    c.v_scale = scales[rng() % 6];
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 6), 40, 300, i % 3 == 0);
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, WriteKvOffCallerWroteTheCache) {
+  run(16, [&](std::mt19937_64& rng, int) {
+    AttnCase c = base(rng);
+    c.write_kv = false;
+    if (rng() % 3 == 0) c.cache_dtype = PAGEDATTN_DTYPE_FP8_E4M3;
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 6), 30, 200, true);
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, StridedTensorsAndWrappedCache) {
+  run(20, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.strided_io = i % 4 != 1;
+    c.wrap_cache = i % 4 != 0;
+    c.lse = true;
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 5), 30, 150, true);
+    limit_cost(c, 20'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, MultipleLayersOnlyGivenLayerChanges) {
+  run(12, [&](std::mt19937_64& rng, int) {
+    AttnCase c = base(rng);
+    c.num_layers = 2 + static_cast<int>(rng() % 4);
+    c.layer = static_cast<int>(rng() % c.num_layers);
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 5), 30, 100, false);
+    limit_cost(c, 10'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, EncoderAndEncoderOnly) {
+  run(24, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.type = i % 2 ? PAGEDATTN_ATTENTION_ENCODER : PAGEDATTN_ATTENTION_ENCODER_ONLY;
+    c.write_kv = c.type == PAGEDATTN_ATTENTION_ENCODER && i % 4 != 1;
+    if (c.type == PAGEDATTN_ATTENTION_ENCODER && i % 6 == 3) c.cache_dtype = PAGEDATTN_DTYPE_FP8_E5M2;
+    c.soft_cap = i % 5 == 0 ? 20.0f : 0.0f;
+    c.strided_io = i % 7 == 0;
+    const int n = 1 + static_cast<int>(rng() % 16);  // batch 1..16
+    c.seqs = pat::random_prefill_seqs(rng, n, 96);
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, CrossAttention) {
+  run(24, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.type = PAGEDATTN_ATTENTION_CROSS;
+    c.write_kv = i % 4 != 3;
+    if (i % 5 == 2) c.cache_dtype = PAGEDATTN_DTYPE_FP8_E4M3;
+    c.soft_cap = i % 6 == 0 ? 15.0f : 0.0f;
+    c.strided_io = i % 7 == 0;
+    const int n = 1 + static_cast<int>(rng() % 16);  // batch 1..16
+    c.seqs.resize(n);
+    for (auto& s : c.seqs) {
+      // A first step (decoder prefill, encoder written) or a later decode step.
+      const bool first = rng() % 2;
+      s.qlen = first ? 1 + static_cast<int>(rng() % 20) : 1;
+      s.ctx = first ? 0 : 1 + static_cast<int>(rng() % 50);
+      s.enc = 1 + static_cast<int>(rng() % 150);
+    }
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, DecodeFirstTokenAndBlockBoundaries) {
+  // Lengths exactly at, one before and one after block boundaries, and a lone first token.
+  run(18, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.block_size = kBlockSizes[i % 9];
+    const int bs = c.block_size;
+    c.seqs = {{1, 0, 0}, {1, bs - 1, 0}, {1, bs, 0}, {1, 2 * bs + 1, 0}, {bs, bs, 0}, {1, 1, 0}};
+    std::shuffle(c.seqs.begin(), c.seqs.end(), rng);
+    limit_cost(c, 20'000'000);
+    return c;
+  });
+}

@@ -1,0 +1,272 @@
+// Backend listing, creation, options and capabilities.
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "pagedattn_test_support.h"
+
+using pat::status_is;
+
+namespace {
+
+bool find_info(const char* name, pagedattn_backend_info* out) {
+  const int32_t n = pagedattn_backend_count();
+  for (int32_t i = 0; i < n; ++i) {
+    pagedattn_backend_info info{};
+    info.struct_size = sizeof info;
+    if (pagedattn_backend_get_info(&info, i) != PAGEDATTN_OK) return false;
+    if (info.name && std::strcmp(info.name, name) == 0) {
+      *out = info;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+TEST(Backends, CountAndInfo) {
+  const int32_t n = pagedattn_backend_count();
+  ASSERT_GE(n, 4) << "cpu, onednn, cuda, hip are always known";
+  std::set<std::string> names;
+  for (int32_t i = 0; i < n; ++i) {
+    pagedattn_backend_info info{};
+    info.struct_size = sizeof info;
+    ASSERT_EQ(pagedattn_backend_get_info(&info, i), PAGEDATTN_OK) << pagedattn_last_error();
+    ASSERT_NE(info.name, nullptr);
+    ASSERT_NE(info.reason, nullptr);
+    names.insert(info.name);
+    if (info.available) {
+      EXPECT_STREQ(info.reason, "") << info.name;
+    } else {
+      EXPECT_STRNE(info.reason, "") << info.name << " is unavailable without a reason";
+    }
+  }
+  for (const char* want : {"cpu", "onednn", "cuda", "hip"}) EXPECT_TRUE(names.count(want)) << want;
+  pagedattn_backend_info cpu{};
+  ASSERT_TRUE(find_info("cpu", &cpu));
+  EXPECT_EQ(cpu.available, 1);
+}
+
+TEST(Backends, GpuUnavailableSaysWhy) {
+  // This machine has no GPU in CI; where one exists the check does not apply.
+  for (const char* name : {"cuda", "hip"}) {
+    pagedattn_backend_info info{};
+    ASSERT_TRUE(find_info(name, &info));
+    if (info.available) {
+      GTEST_LOG_(INFO) << name << " is available here; nothing to check";
+      continue;
+    }
+    const std::string why = lower(info.reason);
+    const bool names_plugin = why.find(std::string("libpagedattn-") + name) != std::string::npos;
+    const bool names_device = why.find("device") != std::string::npos ||
+                              why.find("driver") != std::string::npos;
+    EXPECT_TRUE(names_plugin || names_device) << name << ": reason \"" << info.reason
+                                              << "\" names neither the plugin nor the device";
+    pagedattn_backend* be = nullptr;
+    const pagedattn_status st = pagedattn_backend_create(&be, name, nullptr);
+    EXPECT_TRUE(st == PAGEDATTN_ERROR_BACKEND_UNAVAILABLE || st == PAGEDATTN_ERROR_PLUGIN)
+        << name << ": " << pagedattn_status_string(st);
+    EXPECT_STRNE(pagedattn_last_error(), "");
+    EXPECT_EQ(be, nullptr);
+  }
+}
+
+TEST(Backends, InfoRefusals) {
+  pagedattn_backend_info info{};
+  info.struct_size = sizeof info;
+  EXPECT_TRUE(status_is(pagedattn_backend_get_info(nullptr, 0), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_backend_get_info(&info, -1), PAGEDATTN_ERROR_OUT_OF_RANGE));
+  EXPECT_TRUE(status_is(pagedattn_backend_get_info(&info, pagedattn_backend_count()),
+                        PAGEDATTN_ERROR_OUT_OF_RANGE));
+  info.struct_size = 3;
+  EXPECT_TRUE(status_is(pagedattn_backend_get_info(&info, 0), PAGEDATTN_ERROR_STRUCT_SIZE));
+}
+
+TEST(Backends, CreateCpuAndAuto) {
+  pagedattn_backend* be = nullptr;
+  ASSERT_EQ(pagedattn_backend_create(&be, "cpu", nullptr), PAGEDATTN_OK) << pagedattn_last_error();
+  ASSERT_NE(be, nullptr);
+  EXPECT_STREQ(pagedattn_last_error(), "");
+  EXPECT_EQ(pagedattn_backend_synchronize(be, nullptr), PAGEDATTN_OK);
+  pagedattn_backend_destroy(be);
+
+  be = nullptr;
+  ASSERT_EQ(pagedattn_backend_create(&be, "auto", nullptr), PAGEDATTN_OK) << pagedattn_last_error();
+  pagedattn_capabilities caps{};
+  caps.struct_size = sizeof caps;
+  ASSERT_EQ(pagedattn_backend_get_capabilities(&caps, be), PAGEDATTN_OK);
+  ASSERT_NE(caps.name, nullptr);
+  pagedattn_backend_info cuda{}, hip{};
+  ASSERT_TRUE(find_info("cuda", &cuda));
+  ASSERT_TRUE(find_info("hip", &hip));
+  if (cuda.available) {
+    EXPECT_STREQ(caps.name, "cuda");
+  } else if (hip.available) {
+    EXPECT_STREQ(caps.name, "hip");
+  } else {
+    EXPECT_TRUE(!std::strcmp(caps.name, "cpu") || !std::strcmp(caps.name, "onednn")) << caps.name;
+  }
+  pagedattn_backend_destroy(be);
+}
+
+TEST(Backends, CreateWithOptions) {
+  pagedattn_backend_options o;
+  ASSERT_EQ(pagedattn_backend_options_init(&o), PAGEDATTN_OK);
+  o.num_threads = 2;
+  pagedattn_backend* be = nullptr;
+  ASSERT_EQ(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_OK) << pagedattn_last_error();
+  pagedattn_capabilities caps{};
+  caps.struct_size = sizeof caps;
+  ASSERT_EQ(pagedattn_backend_get_capabilities(&caps, be), PAGEDATTN_OK);
+  EXPECT_EQ(caps.max_num_threads, 2);
+  pagedattn_backend_destroy(be);
+}
+
+TEST(Backends, CreateRefusals) {
+  pagedattn_backend* be = reinterpret_cast<pagedattn_backend*>(0x1);
+  pagedattn_backend* const sentinel = be;
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, "nope", nullptr),
+                        PAGEDATTN_ERROR_UNKNOWN_BACKEND, "nope"));
+  EXPECT_EQ(be, sentinel);
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, "", nullptr),
+                        PAGEDATTN_ERROR_UNKNOWN_BACKEND));
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, "CPU ", nullptr),
+                        PAGEDATTN_ERROR_UNKNOWN_BACKEND));
+  EXPECT_TRUE(status_is(pagedattn_backend_create(nullptr, "cpu", nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, nullptr, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  pagedattn_backend_options o;
+  pagedattn_backend_options_init(&o);
+  o.num_threads = -1;
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "thread"));
+  pagedattn_backend_options_init(&o);
+  o.device_index = -2;
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "device"));
+  pagedattn_backend_options_init(&o);
+  o.flags = 4;
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "flags"));
+  pagedattn_backend_options_init(&o);
+  o.struct_size = 2;
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_ERROR_STRUCT_SIZE));
+  pagedattn_backend_options_init(&o);
+  o.struct_size = sizeof(o) + 64;  // not a known size
+  EXPECT_TRUE(status_is(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_ERROR_STRUCT_SIZE));
+  EXPECT_EQ(be, sentinel) << "out written on failure";
+}
+
+TEST(Backends, CapabilitiesOfCpu) {
+  pagedattn_backend* be = nullptr;
+  ASSERT_EQ(pagedattn_backend_create(&be, "cpu", nullptr), PAGEDATTN_OK);
+  pagedattn_capabilities caps{};
+  caps.struct_size = sizeof caps;
+  ASSERT_EQ(pagedattn_backend_get_capabilities(&caps, be), PAGEDATTN_OK);
+  EXPECT_STREQ(caps.name, "cpu");
+  EXPECT_EQ(caps.device.device_type, PAGEDATTN_DEVICE_CPU);
+  EXPECT_EQ(caps.device.device_id, 0);
+  for (pagedattn_dtype dt :
+       {PAGEDATTN_DTYPE_FLOAT32, PAGEDATTN_DTYPE_FLOAT16, PAGEDATTN_DTYPE_BFLOAT16}) {
+    EXPECT_TRUE(caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)) << pagedattn_dtype_name(dt);
+    EXPECT_TRUE(caps.cache_dtypes & PAGEDATTN_DTYPE_BIT(dt)) << pagedattn_dtype_name(dt);
+  }
+  EXPECT_FALSE(caps.dtypes & PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E4M3)) << "fp8 is cache-only";
+  EXPECT_TRUE(caps.cache_dtypes & PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E4M3));
+  EXPECT_TRUE(caps.cache_dtypes & PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E5M2));
+  EXPECT_EQ(caps.layouts, (1u << PAGEDATTN_LAYOUT_NHD) | (1u << PAGEDATTN_LAYOUT_HND));
+  EXPECT_EQ(caps.block_sizes, 0x1FFu) << "CPU: every power of two 1..256";
+  EXPECT_EQ(caps.head_sizes, 0xFFFFFFFFu) << "CPU: every multiple of 8 up to 256";
+  const uint32_t want = PAGEDATTN_FEATURE_ALIBI | PAGEDATTN_FEATURE_SOFT_CAP |
+                        PAGEDATTN_FEATURE_SLIDING_WINDOW | PAGEDATTN_FEATURE_CROSS_ATTENTION |
+                        PAGEDATTN_FEATURE_ENCODER | PAGEDATTN_FEATURE_FP8_CACHE |
+                        PAGEDATTN_FEATURE_LSE | PAGEDATTN_FEATURE_MERGE_STATES |
+                        PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_WRAP_CACHE;
+  EXPECT_EQ(caps.features & want, want) << std::hex << caps.features;
+  EXPECT_FALSE(caps.features & PAGEDATTN_FEATURE_GRAPH_CAPTURE);
+  EXPECT_GE(caps.max_num_threads, 1);
+  EXPECT_EQ(caps.total_memory, 0u);
+
+  // A smaller (older) struct_size is filled only up to its size.
+  unsigned char raw[sizeof(pagedattn_capabilities) + 16];
+  std::memset(raw, 0xEE, sizeof raw);
+  pagedattn_capabilities* small = reinterpret_cast<pagedattn_capabilities*>(raw);
+  small->struct_size = offsetof(pagedattn_capabilities, features);
+  const pagedattn_status st = pagedattn_backend_get_capabilities(small, be);
+  if (st == PAGEDATTN_OK) {
+    for (size_t i = offsetof(pagedattn_capabilities, features); i < sizeof raw; ++i)
+      ASSERT_EQ(raw[i], 0xEE) << "byte " << i << " beyond struct_size written";
+  } else {
+    EXPECT_EQ(st, PAGEDATTN_ERROR_STRUCT_SIZE);
+  }
+
+  EXPECT_TRUE(status_is(pagedattn_backend_get_capabilities(nullptr, be),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  caps.struct_size = sizeof caps;
+  EXPECT_TRUE(status_is(pagedattn_backend_get_capabilities(&caps, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  caps.struct_size = 0;
+  EXPECT_TRUE(status_is(pagedattn_backend_get_capabilities(&caps, be), PAGEDATTN_ERROR_STRUCT_SIZE));
+  EXPECT_TRUE(status_is(pagedattn_backend_synchronize(nullptr, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  pagedattn_backend_destroy(be);
+}
+
+TEST(Backends, CpuTargetEnvironment) {
+  // PAGEDATTN_CPU_TARGET is read at creation: a bogus name must not silently pick something.
+  const char* old = std::getenv("PAGEDATTN_CPU_TARGET");
+  const std::string saved = old ? old : "";
+  setenv("PAGEDATTN_CPU_TARGET", "NOT_A_TARGET", 1);
+  pagedattn_backend* be = nullptr;
+  const pagedattn_status st = pagedattn_backend_create(&be, "cpu", nullptr);
+  if (old) setenv("PAGEDATTN_CPU_TARGET", saved.c_str(), 1); else unsetenv("PAGEDATTN_CPU_TARGET");
+  EXPECT_NE(st, PAGEDATTN_OK) << "an unknown PAGEDATTN_CPU_TARGET was accepted";
+  EXPECT_TRUE(st == PAGEDATTN_ERROR_UNSUPPORTED || st == PAGEDATTN_ERROR_INVALID_ARGUMENT)
+      << pagedattn_status_string(st);
+  EXPECT_NE(std::string(pagedattn_last_error()).find("NOT_A_TARGET"), std::string::npos)
+      << pagedattn_last_error();
+  pagedattn_backend_destroy(st == PAGEDATTN_OK ? be : nullptr);
+}
+
+TEST(Backends, DestroyOrderIsSafe) {
+  // Destroying the backend before its caches and batches must not crash (refcounted).
+  pagedattn_backend* be = nullptr;
+  ASSERT_EQ(pagedattn_backend_create(&be, "cpu", nullptr), PAGEDATTN_OK);
+  pagedattn_kv_cache_desc d;
+  pagedattn_kv_cache_desc_init(&d);
+  d.num_layers = 1;
+  d.num_blocks = 4;
+  d.block_size = 16;
+  d.num_kv_heads = 2;
+  d.head_size = 64;
+  d.dtype = PAGEDATTN_DTYPE_FLOAT32;
+  pagedattn_kv_cache* c = nullptr;
+  ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_OK) << pagedattn_last_error();
+  const int32_t ql[1] = {3}, cl[1] = {0}, tab[1] = {2};
+  pagedattn_batch_desc bd;
+  pagedattn_batch_desc_init(&bd);
+  bd.num_seqs = 1;
+  bd.query_lens = ql;
+  bd.context_lens = cl;
+  bd.block_tables = tab;
+  bd.block_table_stride = 1;
+  pagedattn_batch* b = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&b, be, c, nullptr, &bd), PAGEDATTN_OK) << pagedattn_last_error();
+  pagedattn_backend_destroy(be);
+  pagedattn_batch_info info{};
+  info.struct_size = sizeof info;
+  EXPECT_EQ(pagedattn_batch_get_info(&info, b), PAGEDATTN_OK);
+  pagedattn_kv_cache_desc got;
+  pagedattn_kv_cache_desc_init(&got);
+  EXPECT_EQ(pagedattn_kv_cache_get_desc(&got, c), PAGEDATTN_OK);
+  pagedattn_batch_destroy(b);
+  pagedattn_kv_cache_destroy(c);
+}

@@ -1,0 +1,403 @@
+// Batch planning: slot mapping, query_start, info, caller and cross slot mappings, in-place
+// update within capacity, and every refusal.
+#include <climits>
+#include <cstring>
+#include <numeric>
+
+#include "pagedattn_test_support.h"
+
+using pat::status_is;
+
+namespace {
+
+class Batch : public pat::BackendTest {
+ protected:
+  void SetUp() override {
+    pat::BackendTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    cache = make_cache(nb, bs);
+    ASSERT_NE(cache, nullptr);
+  }
+  void TearDown() override {
+    pagedattn_batch_destroy(batch);
+    for (auto* c : extra_) pagedattn_kv_cache_destroy(c);
+    pagedattn_kv_cache_destroy(cache);
+    pat::BackendTest::TearDown();
+  }
+  pagedattn_kv_cache* make_cache(int nblocks, int bsize) {
+    pagedattn_kv_cache_desc g;
+    pagedattn_kv_cache_desc_init(&g);
+    g.num_layers = 1;
+    g.num_blocks = nblocks;
+    g.block_size = bsize;
+    g.num_kv_heads = 1;
+    g.head_size = 8;
+    g.dtype = PAGEDATTN_DTYPE_FLOAT32;
+    pagedattn_kv_cache* c = nullptr;
+    EXPECT_EQ(pagedattn_kv_cache_create(&c, be, &g), PAGEDATTN_OK) << pat::last_error();
+    return c;
+  }
+  // A batch description over vectors the fixture owns.
+  void describe(std::vector<int32_t> q, std::vector<int32_t> ctx, std::vector<int32_t> tab,
+                int32_t stride) {
+    ql = std::move(q);
+    cl = std::move(ctx);
+    tables = std::move(tab);
+    pagedattn_batch_desc_init(&bd);
+    bd.num_seqs = static_cast<int32_t>(ql.size());
+    bd.query_lens = ql.data();
+    bd.context_lens = cl.data();
+    bd.block_tables = tables.data();
+    bd.block_table_stride = stride;
+  }
+  ::testing::AssertionResult info_is(int32_t seqs, int64_t tokens) {
+    pagedattn_batch_info info{};
+    info.struct_size = sizeof info;
+    if (pagedattn_batch_get_info(&info, batch) != PAGEDATTN_OK)
+      return ::testing::AssertionFailure() << pat::last_error();
+    if (info.num_seqs != seqs || info.num_tokens != tokens)
+      return ::testing::AssertionFailure() << "info: " << info.num_seqs << " seqs, "
+                                           << info.num_tokens << " tokens; want " << seqs << ", "
+                                           << tokens;
+    return ::testing::AssertionSuccess();
+  }
+  std::vector<int64_t> slots() {
+    const int64_t* s = nullptr;
+    int64_t n = -1;
+    EXPECT_EQ(pagedattn_batch_get_slot_mapping(&s, &n, batch), PAGEDATTN_OK);
+    return std::vector<int64_t>(s, s + n);
+  }
+  const int nb = 64, bs = 4;
+  pagedattn_kv_cache* cache = nullptr;
+  pagedattn_batch* batch = nullptr;
+  pagedattn_batch_desc bd;
+  std::vector<int32_t> ql, cl, tables;
+  std::vector<pagedattn_kv_cache*> extra_;
+};
+
+}  // namespace
+
+TEST_F(Batch, SlotMappingQueryStartAndInfo) {
+  const uint64_t seed = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  for (int rep = 0; rep < 20; ++rep) {
+    auto seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 9), 9, 20, true);
+    const int n = static_cast<int>(seqs.size());
+    int32_t width = 0;
+    for (auto& s : seqs) width = std::max(width, (s.ctx + s.qlen + bs - 1) / bs);
+    width += 1;
+    std::vector<int32_t> ids(nb);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int32_t> q(n), c(n), tab(static_cast<size_t>(n) * width);
+    for (size_t i = 0; i < tab.size(); ++i) tab[i] = ids[i % nb];
+    int64_t tokens = 0;
+    int32_t dec = 0, pre = 0, maxq = 0;
+    int64_t maxlen = 0;
+    for (int i = 0; i < n; ++i) {
+      q[i] = seqs[i].qlen;
+      c[i] = seqs[i].ctx;
+      tokens += q[i];
+      dec += q[i] == 1;
+      pre += q[i] > 1;
+      maxq = std::max(maxq, q[i]);
+      maxlen = std::max<int64_t>(maxlen, q[i] + c[i]);
+    }
+    describe(q, c, tab, width);
+    pagedattn_batch_destroy(batch);
+    batch = nullptr;
+    ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK)
+        << pat::last_error();
+    EXPECT_STREQ(pagedattn_last_error(), "");
+    pagedattn_batch_info info{};
+    info.struct_size = sizeof info;
+    ASSERT_EQ(pagedattn_batch_get_info(&info, batch), PAGEDATTN_OK);
+    EXPECT_EQ(info.num_seqs, n);
+    EXPECT_EQ(info.num_tokens, tokens);
+    EXPECT_EQ(info.num_encoder_tokens, 0);
+    EXPECT_EQ(info.num_decode_seqs, dec);
+    EXPECT_EQ(info.num_prefill_seqs, pre);
+    EXPECT_EQ(info.max_query_len, maxq);
+    EXPECT_EQ(info.max_seq_len, maxlen);
+    EXPECT_EQ(info.max_num_seqs, n) << "capacity 0 = this batch's size";
+    EXPECT_EQ(info.max_num_tokens, tokens);
+    EXPECT_EQ(info.block_size, bs);
+    const int32_t* qs = nullptr;
+    int32_t qn = 0;
+    ASSERT_EQ(pagedattn_batch_get_query_start(&qs, &qn, batch), PAGEDATTN_OK);
+    ASSERT_EQ(qn, n + 1);
+    int32_t acc = 0;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(qs[i], acc);
+      acc += q[i];
+    }
+    EXPECT_EQ(qs[n], acc);
+    auto sm = slots();
+    ASSERT_EQ(static_cast<int64_t>(sm.size()), tokens);
+    size_t t = 0;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < q[i]; ++j, ++t) {
+        const int p = c[i] + j;
+        EXPECT_EQ(sm[t], static_cast<int64_t>(tab[i * width + p / bs]) * bs + p % bs)
+            << "seq " << i << " token " << j;
+      }
+    const int64_t* cs = nullptr;
+    int64_t cn = -1;
+    ASSERT_EQ(pagedattn_batch_get_cross_slot_mapping(&cs, &cn, batch), PAGEDATTN_OK);
+    EXPECT_EQ(cn, 0);
+  }
+}
+
+TEST_F(Batch, CallerSlotMapping) {
+  describe({2, 1}, {0, 5}, {3, 4, 9, 8}, 2);
+  const std::vector<int64_t> mine = {17, -1, 200};
+  bd.slot_mapping = mine.data();
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK) << pat::last_error();
+  EXPECT_EQ(slots(), mine);
+  pagedattn_batch_destroy(batch);
+  batch = nullptr;
+  const std::vector<int64_t> oob = {17, -1, nb * bs};
+  bd.slot_mapping = oob.data();
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&batch, be, cache, nullptr, &bd),
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, std::to_string(nb * bs)));
+  const std::vector<int64_t> neg = {17, -2, 3};
+  bd.slot_mapping = neg.data();
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&batch, be, cache, nullptr, &bd),
+                        PAGEDATTN_ERROR_INVALID_ARGUMENT, "-2"));
+  EXPECT_EQ(batch, nullptr);
+}
+
+TEST_F(Batch, CrossSlotMapping) {
+  // Seq 0 at its first step (writes 5 encoder tokens), seq 1 decoding (encoder already cached),
+  // seq 2 first step with 2 encoder tokens.
+  describe({3, 1, 1}, {0, 7, 0}, {1, 2, 3, 4, 5, 6}, 2);
+  const std::vector<int32_t> enc = {5, 6, 2};
+  const std::vector<int32_t> ctab = {10, 11, 20, 21, 30, 31};
+  bd.encoder_lens = enc.data();
+  bd.cross_block_tables = ctab.data();
+  bd.cross_block_table_stride = 2;
+  pagedattn_kv_cache* xc = make_cache(40, bs);
+  ASSERT_NE(xc, nullptr);
+  extra_.push_back(xc);
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, xc, &bd), PAGEDATTN_OK) << pat::last_error();
+  const int64_t* cs = nullptr;
+  int64_t cn = 0;
+  ASSERT_EQ(pagedattn_batch_get_cross_slot_mapping(&cs, &cn, batch), PAGEDATTN_OK);
+  const std::vector<int64_t> want = {40, 41, 42, 43, 44, 120, 121};
+  ASSERT_EQ(cn, static_cast<int64_t>(want.size()));
+  EXPECT_EQ(std::vector<int64_t>(cs, cs + cn), want);
+  pagedattn_batch_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_EQ(pagedattn_batch_get_info(&info, batch), PAGEDATTN_OK);
+  EXPECT_EQ(info.num_encoder_tokens, 7);
+  // Same cache for self and cross is allowed.
+  pagedattn_batch* b2 = nullptr;
+  EXPECT_EQ(pagedattn_batch_create(&b2, be, cache, cache, &bd), PAGEDATTN_OK) << pat::last_error();
+  pagedattn_batch_destroy(b2);
+  // A cross block id outside the cross cache.
+  const std::vector<int32_t> bad = {10, 11, 20, 40, 30, 31};
+  bd.cross_block_tables = bad.data();
+  b2 = nullptr;
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b2, be, cache, xc, &bd),
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "40"));
+  bd.cross_block_tables = nullptr;
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b2, be, cache, xc, &bd), PAGEDATTN_ERROR_NULL_POINTER));
+  bd.cross_block_tables = ctab.data();
+  const std::vector<int32_t> negenc = {5, -1, 2};
+  bd.encoder_lens = negenc.data();
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b2, be, cache, xc, &bd),
+                        PAGEDATTN_ERROR_INVALID_ARGUMENT, "-1"));
+  EXPECT_EQ(b2, nullptr);
+}
+
+TEST_F(Batch, EncoderOnlyBatchNeedsNoCache) {
+  describe({4, 2}, {0, 0}, {}, 0);
+  bd.block_tables = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, nullptr, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  EXPECT_TRUE(info_is(2, 6));
+  // A table without a cache has nothing to be checked against.
+  pagedattn_batch* b2 = nullptr;
+  const std::vector<int32_t> tab = {0, 1};
+  bd.block_tables = tab.data();
+  bd.block_table_stride = 1;
+  const pagedattn_status st = pagedattn_batch_create(&b2, be, nullptr, nullptr, &bd);
+  EXPECT_TRUE(st == PAGEDATTN_ERROR_NULL_POINTER || st == PAGEDATTN_ERROR_INVALID_ARGUMENT)
+      << pagedattn_status_string(st);
+  EXPECT_EQ(b2, nullptr);
+}
+
+TEST_F(Batch, UpdateInPlaceWithinCapacity) {
+  describe({3, 1}, {0, 9}, {5, 6, 7, 1, 2, 3}, 3);
+  bd.max_num_seqs = 4;
+  bd.max_num_tokens = 12;
+  bd.max_blocks_per_seq = 4;
+  bd.max_seq_len = 16;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK) << pat::last_error();
+  pagedattn_batch_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_EQ(pagedattn_batch_get_info(&info, batch), PAGEDATTN_OK);
+  EXPECT_EQ(info.max_num_seqs, 4);
+  EXPECT_EQ(info.max_num_tokens, 12);
+  EXPECT_EQ(info.max_blocks_per_seq, 4);
+  const int64_t* before_ptr = nullptr;
+  int64_t n0 = 0;
+  ASSERT_EQ(pagedattn_batch_get_slot_mapping(&before_ptr, &n0, batch), PAGEDATTN_OK);
+  EXPECT_EQ(n0, 4);
+
+  // New step: 4 sequences, 12 tokens, 4 blocks wide, longest 16.
+  pagedattn_batch_desc u;
+  pagedattn_batch_desc_init(&u);
+  const std::vector<int32_t> q = {1, 1, 8, 2}, c = {15, 3, 0, 6};
+  const std::vector<int32_t> tab = {9, 8, 7, 6, 1, 0, 0, 0, 10, 11, 0, 0, 20, 21, 0, 0};
+  u.num_seqs = 4;
+  u.query_lens = q.data();
+  u.context_lens = c.data();
+  u.block_tables = tab.data();
+  u.block_table_stride = 4;
+  u.max_num_seqs = 1;  // capacity fields are ignored by update
+  ASSERT_EQ(pagedattn_batch_update(batch, &u), PAGEDATTN_OK) << pat::last_error();
+  EXPECT_TRUE(info_is(4, 12));
+  const std::vector<int64_t> want = {6 * 4 + 3, 1 * 4 + 3, 40, 41, 42, 43, 44, 45, 46, 47,
+                                     21 * 4 + 2, 21 * 4 + 3};
+  EXPECT_EQ(slots(), want);
+  const int32_t* qs = nullptr;
+  int32_t qn = 0;
+  ASSERT_EQ(pagedattn_batch_get_query_start(&qs, &qn, batch), PAGEDATTN_OK);
+  ASSERT_EQ(qn, 5);
+  EXPECT_EQ(std::vector<int32_t>(qs, qs + 5), (std::vector<int32_t>{0, 1, 2, 10, 12}));
+}
+
+TEST_F(Batch, UpdateBeyondCapacityKeepsPreviousContents) {
+  describe({2, 1}, {0, 4}, {5, 6, 7, 1, 2, 3}, 3);
+  bd.max_num_seqs = 3;
+  bd.max_num_tokens = 6;
+  bd.max_blocks_per_seq = 3;
+  bd.max_seq_len = 10;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK) << pat::last_error();
+  const auto before = slots();
+  struct Case {
+    const char* what;
+    std::vector<int32_t> q, c;
+    int32_t stride;
+    pagedattn_status st;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {"more sequences", {1, 1, 1, 1}, {0, 0, 0, 0}, 1, PAGEDATTN_ERROR_CAPACITY, "seq"},
+      {"more tokens", {4, 3}, {0, 0}, 2, PAGEDATTN_ERROR_CAPACITY, "token"},
+      {"wider table", {1}, {12}, 4, PAGEDATTN_ERROR_CAPACITY, ""},
+      {"longer sequence", {1}, {10}, 3, PAGEDATTN_ERROR_CAPACITY, ""},
+      {"bad block id", {1, 1}, {0, 0}, 1, PAGEDATTN_ERROR_OUT_OF_RANGE, "64"},
+      {"negative length", {1, -1}, {0, 0}, 1, PAGEDATTN_ERROR_INVALID_ARGUMENT, "-1"},
+  };
+  for (const Case& cs : cases) {
+    std::vector<int32_t> tab(cs.q.size() * cs.stride, 2);
+    if (std::string(cs.what) == "bad block id") tab[1] = nb;
+    pagedattn_batch_desc u;
+    pagedattn_batch_desc_init(&u);
+    u.num_seqs = static_cast<int32_t>(cs.q.size());
+    u.query_lens = cs.q.data();
+    u.context_lens = cs.c.data();
+    u.block_tables = tab.data();
+    u.block_table_stride = cs.stride;
+    EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &u), cs.st, cs.needle)) << cs.what;
+    EXPECT_TRUE(info_is(2, 3)) << "after failed update: " << cs.what;
+    EXPECT_EQ(slots(), before) << "after failed update: " << cs.what;
+  }
+  EXPECT_TRUE(status_is(pagedattn_batch_update(nullptr, &bd), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+}
+
+TEST_F(Batch, Refusals) {
+  pagedattn_batch* const sentinel = reinterpret_cast<pagedattn_batch*>(0x30);
+  pagedattn_batch* b = sentinel;
+  auto expect = [&](pagedattn_status st, const char* needle, const char* what) {
+    EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, cache, nullptr, &bd), st, needle)) << what;
+    EXPECT_EQ(b, sentinel) << what;
+  };
+  describe({2, -3}, {0, 0}, {0, 1}, 1);
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "-3", "negative query_len");
+  describe({2, 1}, {0, -5}, {0, 1}, 1);
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "-5", "negative context_len");
+  describe({2, 1}, {0, 0}, {0, 1}, 1);
+  bd.num_seqs = -1;
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "num_seqs", "negative num_seqs");
+  // Row too short: seq 1 needs ceil((6+1)/4) = 2 entries, stride 1.
+  describe({2, 1}, {0, 6}, {0, 1}, 1);
+  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "", "row shorter than needed");
+  describe({1, 1}, {0, 5}, {3, 4, 5, 777}, 2);
+  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "777", "block id >= num_blocks");
+  EXPECT_NE(pat::last_error().find("[1][1]"), std::string::npos)
+      << "message should name the entry block_tables[1][1]: " << pat::last_error();
+  describe({1, 1}, {0, 5}, {3, 4, 5, -4}, 2);
+  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "-4", "negative block id");
+  describe({1}, {0}, {0}, 0);
+  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "", "table stride 0 with tokens");
+  // NULL arrays.
+  describe({1, 1}, {0, 0}, {0, 1}, 1);
+  bd.query_lens = nullptr;
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "query_lens", "NULL query_lens");
+  describe({1, 1}, {0, 0}, {0, 1}, 1);
+  bd.context_lens = nullptr;
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "context_lens", "NULL context_lens");
+  describe({1, 1}, {0, 0}, {0, 1}, 1);
+  bd.block_tables = nullptr;
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "block_tables", "NULL block_tables with a cache");
+  describe({1, 1}, {0, 0}, {0, 1}, 1);
+  bd.struct_size = 8;
+  expect(PAGEDATTN_ERROR_STRUCT_SIZE, "", "struct_size");
+  describe({1, 1}, {0, 0}, {0, 1}, 1);
+  bd.max_num_seqs = 1;
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "", "capacity below the batch");
+  EXPECT_TRUE(status_is(pagedattn_batch_create(nullptr, be, cache, nullptr, &bd),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, nullptr, cache, nullptr, &bd),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, cache, nullptr, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  // A cache of another backend.
+  pagedattn_backend* be2 = nullptr;
+  ASSERT_EQ(pagedattn_backend_create(&be2, pat::backend_name().c_str(), nullptr), PAGEDATTN_OK);
+  pagedattn_kv_cache_desc g;
+  pagedattn_kv_cache_desc_init(&g);
+  ASSERT_EQ(pagedattn_kv_cache_get_desc(&g, cache), PAGEDATTN_OK);
+  pagedattn_kv_cache* other = nullptr;
+  ASSERT_EQ(pagedattn_kv_cache_create(&other, be2, &g), PAGEDATTN_OK);
+  describe({1, 1}, {0, 0}, {0, 1}, 1);
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, other, nullptr, &bd),
+                        PAGEDATTN_ERROR_INVALID_HANDLE));
+  EXPECT_EQ(b, sentinel);
+  pagedattn_kv_cache_destroy(other);
+  pagedattn_backend_destroy(be2);
+  // Getters.
+  const int64_t* p = nullptr;
+  int64_t n = 0;
+  EXPECT_TRUE(status_is(pagedattn_batch_get_slot_mapping(&p, &n, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_batch_get_slot_mapping(nullptr, &n, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  pagedattn_batch_info info{};
+  info.struct_size = sizeof info;
+  EXPECT_TRUE(status_is(pagedattn_batch_get_info(&info, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+}
+
+TEST_F(Batch, CountsThatOverflow) {
+  // 3 x 2^30 tokens exceed the int32 rows of query_start; tables are wide enough to be valid.
+  pagedattn_kv_cache* big = make_cache(1, 256);
+  ASSERT_NE(big, nullptr);
+  extra_.push_back(big);
+  const int32_t q = 1 << 30;
+  const int32_t width = q / 256;
+  std::vector<int32_t> tab(static_cast<size_t>(3) * width, 0);
+  describe({q, q, q}, {0, 0, 0}, std::move(tab), width);
+  pagedattn_batch* b = nullptr;
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, big, nullptr, &bd), PAGEDATTN_ERROR_OVERFLOW));
+  EXPECT_EQ(b, nullptr);
+  // context_len + query_len beyond int32.
+  const int32_t w2 = static_cast<int32_t>((static_cast<int64_t>(INT32_MAX) + 1 + 255) / 256);
+  std::vector<int32_t> tab2(static_cast<size_t>(w2), 0);
+  describe({1}, {INT32_MAX}, std::move(tab2), w2);
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, big, nullptr, &bd), PAGEDATTN_ERROR_OVERFLOW));
+  EXPECT_EQ(b, nullptr);
+}

@@ -1,0 +1,857 @@
+// The paged KV cache: sizing, create/wrap, write, copy, swap, read/load, and their refusals.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "pagedattn_test_support.h"
+
+using pat::status_is;
+
+namespace {
+
+pagedattn_kv_cache_desc geom(int L, int nb, int bs, int hkv, int d, pagedattn_dtype dt,
+                             pagedattn_layout lay = PAGEDATTN_LAYOUT_NHD) {
+  pagedattn_kv_cache_desc g;
+  pagedattn_kv_cache_desc_init(&g);
+  g.num_layers = L;
+  g.num_blocks = nb;
+  g.block_size = bs;
+  g.num_kv_heads = hkv;
+  g.head_size = d;
+  g.dtype = dt;
+  g.layout = lay;
+  return g;
+}
+
+// Offset in elements of (layer, kv, slot, head, d) inside one block record of read_blocks.
+size_t rec_elem(const pagedattn_kv_cache_desc& g, int layer, int kv, int slot, int head, int d) {
+  const size_t be = static_cast<size_t>(g.block_size) * g.num_kv_heads * g.head_size;
+  const size_t inner = g.layout == PAGEDATTN_LAYOUT_NHD
+                           ? (static_cast<size_t>(slot) * g.num_kv_heads + head) * g.head_size + d
+                           : (static_cast<size_t>(head) * g.block_size + slot) * g.head_size + d;
+  return (static_cast<size_t>(layer) * 2 + kv) * be + inner;
+}
+
+class Cache : public pat::BackendTest {
+ protected:
+  void TearDown() override {
+    for (auto* c : caches_) pagedattn_kv_cache_destroy(c);
+    caches_.clear();
+    pat::BackendTest::TearDown();
+  }
+  pagedattn_kv_cache* make(const pagedattn_kv_cache_desc& g) {
+    pagedattn_kv_cache* c = nullptr;
+    const pagedattn_status st = pagedattn_kv_cache_create(&c, be, &g);
+    EXPECT_EQ(st, PAGEDATTN_OK) << pat::last_error();
+    if (c) caches_.push_back(c);
+    return c;
+  }
+  size_t bpb(const pagedattn_kv_cache_desc& g) {
+    uint64_t b = 0;
+    EXPECT_EQ(pagedattn_kv_cache_bytes_per_block(&b, &g), PAGEDATTN_OK) << pat::last_error();
+    return static_cast<size_t>(b);
+  }
+  std::vector<uint8_t> read_all(pagedattn_kv_cache* c) {
+    pagedattn_kv_cache_desc g;
+    pagedattn_kv_cache_desc_init(&g);
+    EXPECT_EQ(pagedattn_kv_cache_get_desc(&g, c), PAGEDATTN_OK);
+    std::vector<int32_t> ids(g.num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<uint8_t> buf(bpb(g) * g.num_blocks);
+    EXPECT_EQ(pagedattn_kv_cache_read_blocks(c, ids.data(), ids.size(), buf.data(), buf.size(),
+                                             nullptr),
+              PAGEDATTN_OK)
+        << pat::last_error();
+    return buf;
+  }
+  // Fills every block with random values of the cache dtype; returns the image.
+  std::vector<uint8_t> fill_random(pagedattn_kv_cache* c, std::mt19937_64& rng) {
+    pagedattn_kv_cache_desc g;
+    pagedattn_kv_cache_desc_init(&g);
+    EXPECT_EQ(pagedattn_kv_cache_get_desc(&g, c), PAGEDATTN_OK);
+    std::vector<int32_t> ids(g.num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<uint8_t> buf(bpb(g) * g.num_blocks);
+    const size_t es = pat::dtype_bytes(g.dtype);
+    std::normal_distribution<float> n(0.f, 1.f);
+    for (size_t o = 0; o < buf.size(); o += es) pat::store(g.dtype, &buf[o], n(rng));
+    EXPECT_EQ(pagedattn_kv_cache_load_blocks(c, ids.data(), ids.size(), buf.data(), buf.size(),
+                                             nullptr),
+              PAGEDATTN_OK)
+        << pat::last_error();
+    return buf;
+  }
+  std::vector<pagedattn_kv_cache*> caches_;
+};
+
+}  // namespace
+
+TEST(CacheSizing, BytesPerBlock) {
+  uint64_t b = 0;
+  auto g = geom(3, 10, 16, 4, 64, PAGEDATTN_DTYPE_FLOAT16);
+  ASSERT_EQ(pagedattn_kv_cache_bytes_per_block(&b, &g), PAGEDATTN_OK) << pat::last_error();
+  EXPECT_EQ(b, 3u * 2 * 16 * 4 * 64 * 2);
+  g.dtype = PAGEDATTN_DTYPE_FLOAT32;
+  ASSERT_EQ(pagedattn_kv_cache_bytes_per_block(&b, &g), PAGEDATTN_OK);
+  EXPECT_EQ(b, 3u * 2 * 16 * 4 * 64 * 4);
+  g.dtype = PAGEDATTN_DTYPE_FP8_E5M2;
+  g.layout = PAGEDATTN_LAYOUT_HND;
+  ASSERT_EQ(pagedattn_kv_cache_bytes_per_block(&b, &g), PAGEDATTN_OK);
+  EXPECT_EQ(b, 3u * 2 * 16 * 4 * 64);
+}
+
+TEST(CacheSizing, Refusals) {
+  uint64_t b = 12345;
+  auto g = geom(1, 1, 16, 1, 64, PAGEDATTN_DTYPE_FLOAT32);
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(nullptr, &g), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  auto bad = g;
+  bad.struct_size = 4;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, &bad), PAGEDATTN_ERROR_STRUCT_SIZE));
+  struct {
+    const char* field;
+    void (*mut)(pagedattn_kv_cache_desc*);
+  } const cases[] = {
+      {"num_layers", [](pagedattn_kv_cache_desc* d) { d->num_layers = 0; }},
+      {"num_blocks", [](pagedattn_kv_cache_desc* d) { d->num_blocks = -1; }},
+      {"block_size", [](pagedattn_kv_cache_desc* d) { d->block_size = 0; }},
+      {"block_size", [](pagedattn_kv_cache_desc* d) { d->block_size = 24; }},
+      {"num_kv_heads", [](pagedattn_kv_cache_desc* d) { d->num_kv_heads = 0; }},
+      {"head_size", [](pagedattn_kv_cache_desc* d) { d->head_size = -8; }},
+      {"dtype", [](pagedattn_kv_cache_desc* d) { d->dtype = PAGEDATTN_DTYPE_INVALID; }},
+      {"dtype", [](pagedattn_kv_cache_desc* d) { d->dtype = static_cast<pagedattn_dtype>(42); }},
+      {"layout", [](pagedattn_kv_cache_desc* d) { d->layout = static_cast<pagedattn_layout>(9); }},
+  };
+  for (const auto& c : cases) {
+    auto d = g;
+    c.mut(&d);
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, &d),
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, c.field));
+  }
+  auto huge = geom(INT32_MAX, 1, 256, INT32_MAX, 256, PAGEDATTN_DTYPE_FLOAT32);
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, &huge), PAGEDATTN_ERROR_OVERFLOW));
+  EXPECT_EQ(b, 12345u) << "out written on failure";
+}
+
+TEST_F(Cache, CreateStartsZeroAndDescribesItself) {
+  for (auto lay : {PAGEDATTN_LAYOUT_NHD, PAGEDATTN_LAYOUT_HND}) {
+    auto g = geom(3, 5, 8, 2, 40, PAGEDATTN_DTYPE_BFLOAT16, lay);
+    pagedattn_kv_cache* c = make(g);
+    ASSERT_NE(c, nullptr);
+    auto img = read_all(c);
+    EXPECT_TRUE(std::all_of(img.begin(), img.end(), [](uint8_t x) { return x == 0; }));
+    pagedattn_kv_cache_desc got;
+    pagedattn_kv_cache_desc_init(&got);
+    ASSERT_EQ(pagedattn_kv_cache_get_desc(&got, c), PAGEDATTN_OK);
+    EXPECT_EQ(got.num_layers, 3);
+    EXPECT_EQ(got.num_blocks, 5);
+    EXPECT_EQ(got.block_size, 8);
+    EXPECT_EQ(got.num_kv_heads, 2);
+    EXPECT_EQ(got.head_size, 40);
+    EXPECT_EQ(got.dtype, PAGEDATTN_DTYPE_BFLOAT16);
+    EXPECT_EQ(got.layout, lay);
+    // Compact strides of the layout; layers contiguous: K blocks of layer l, then its V blocks.
+    const int64_t blk = 8 * 2 * 40;
+    const int64_t want[3] = {blk, lay == PAGEDATTN_LAYOUT_NHD ? 2 * 40 : 40,
+                             lay == PAGEDATTN_LAYOUT_NHD ? 40 : 8 * 40};
+    char* prev_v = nullptr;
+    for (int l = 0; l < 3; ++l) {
+      void *k = nullptr, *v = nullptr;
+      int64_t s[3] = {0, 0, 0};
+      ASSERT_EQ(pagedattn_kv_cache_get_layer(&k, &v, s, c, l), PAGEDATTN_OK) << pat::last_error();
+      EXPECT_EQ(s[0], want[0]);
+      EXPECT_EQ(s[1], want[1]);
+      EXPECT_EQ(s[2], want[2]);
+      EXPECT_EQ(static_cast<char*>(v) - static_cast<char*>(k), 5 * blk * 2);
+      if (prev_v) {
+        EXPECT_EQ(static_cast<char*>(k) - prev_v, 5 * blk * 2);
+      }
+      prev_v = static_cast<char*>(v);
+    }
+    void* k = nullptr;
+    EXPECT_EQ(pagedattn_kv_cache_get_layer(&k, nullptr, nullptr, c, 0), PAGEDATTN_OK);
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_layer(&k, nullptr, nullptr, c, 3),
+                          PAGEDATTN_ERROR_OUT_OF_RANGE, "layer"));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_layer(&k, nullptr, nullptr, c, -1),
+                          PAGEDATTN_ERROR_OUT_OF_RANGE, "layer"));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_layer(&k, nullptr, nullptr, nullptr, 0),
+                          PAGEDATTN_ERROR_NULL_POINTER));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_desc(nullptr, c), PAGEDATTN_ERROR_NULL_POINTER));
+    got.struct_size = 1;
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_desc(&got, c), PAGEDATTN_ERROR_STRUCT_SIZE));
+  }
+}
+
+TEST_F(Cache, CreateRefusals) {
+  pagedattn_kv_cache* const sentinel = reinterpret_cast<pagedattn_kv_cache*>(0x10);
+  pagedattn_kv_cache* c = sentinel;
+  auto g = geom(1, 4, 16, 2, 64, PAGEDATTN_DTYPE_FLOAT32);
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(nullptr, be, &g), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, nullptr, &g), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  auto d = g;
+  d.struct_size = 0;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_STRUCT_SIZE));
+  d = g;
+  d.num_blocks = 0;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "num_blocks"));
+  d = g;
+  d.layout = static_cast<pagedattn_layout>(2);
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "layout"));
+  d = g;
+  d.flags = 0x100;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "flags"));
+  {
+    d = g;
+    d.head_size = 12;  // not a multiple of 8
+    const pagedattn_status st = pagedattn_kv_cache_create(&c, be, &d);
+    EXPECT_TRUE(st == PAGEDATTN_ERROR_UNSUPPORTED || st == PAGEDATTN_ERROR_INVALID_ARGUMENT)
+        << pagedattn_status_string(st);
+    EXPECT_NE(pat::last_error().find("12"), std::string::npos) << pat::last_error();
+    d.head_size = 264;
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_UNSUPPORTED,
+                          "head"));
+  }
+  d = g;
+  d.block_size = 512;  // a power of two no backend offers: refused either way, naming the field
+  {
+    const pagedattn_status s512 = pagedattn_kv_cache_create(&c, be, &d);
+    EXPECT_TRUE(s512 == PAGEDATTN_ERROR_UNSUPPORTED || s512 == PAGEDATTN_ERROR_INVALID_ARGUMENT)
+        << pagedattn_status_string(s512);
+    EXPECT_NE(pat::last_error().find("block"), std::string::npos) << pat::last_error();
+  }
+  d = g;
+  d.num_blocks = INT32_MAX;
+  d.block_size = 256;
+  d.num_kv_heads = 256;
+  d.head_size = 256;
+  d.num_layers = 64;  // ~2^61 bytes: must fail cleanly
+  const pagedattn_status st = pagedattn_kv_cache_create(&c, be, &d);
+  EXPECT_TRUE(st == PAGEDATTN_ERROR_OUT_OF_MEMORY || st == PAGEDATTN_ERROR_OVERFLOW)
+      << pagedattn_status_string(st) << ": " << pat::last_error();
+  EXPECT_EQ(c, sentinel) << "out written on failure";
+}
+
+TEST(CacheMemoryLimit, OutOfMemoryIsAnError) {
+  pagedattn_backend_options o;
+  pagedattn_backend_options_init(&o);
+  o.memory_limit = 64 * 1024;
+  pagedattn_backend* be = nullptr;
+  const std::string name = pat::backend_name();
+  if (pagedattn_backend_create(&be, name.c_str(), &o) != PAGEDATTN_OK) {
+    GTEST_SKIP() << "skipped: backend " << name << " not available: " << pat::last_error();
+  }
+  auto g = geom(1, 64, 16, 4, 64, PAGEDATTN_DTYPE_FLOAT32);  // 64 * 32 KiB = 2 MiB
+  pagedattn_kv_cache* c = nullptr;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &g), PAGEDATTN_ERROR_OUT_OF_MEMORY));
+  EXPECT_EQ(c, nullptr);
+  g.num_blocks = 1;  // 32 KiB fits
+  EXPECT_EQ(pagedattn_kv_cache_create(&c, be, &g), PAGEDATTN_OK) << pat::last_error();
+  pagedattn_kv_cache_destroy(c);
+  pagedattn_backend_destroy(be);
+}
+
+TEST_F(Cache, WriteEveryDtypeLayoutAndSlotType) {
+  const uint64_t seed = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  const pagedattn_dtype models[] = {PAGEDATTN_DTYPE_FLOAT32, PAGEDATTN_DTYPE_FLOAT16,
+                                    PAGEDATTN_DTYPE_BFLOAT16};
+  for (pagedattn_dtype mdt : models)
+    for (pagedattn_dtype cdt : {mdt, PAGEDATTN_DTYPE_FP8_E4M3, PAGEDATTN_DTYPE_FP8_E5M2})
+      for (auto lay : {PAGEDATTN_LAYOUT_NHD, PAGEDATTN_LAYOUT_HND})
+        for (int s64 = 0; s64 < 2; ++s64) {
+          SCOPED_TRACE(std::string(pat::dtype_str(mdt)) + " -> " + pat::dtype_str(cdt) +
+                       (lay ? " HND" : " NHD") + (s64 ? " int64" : " int32"));
+          const int L = 2, nb = 6, bs = 4, hkv = 3, D = 24;
+          auto g = geom(L, nb, bs, hkv, D, cdt, lay);
+          pagedattn_kv_cache* c = make(g);
+          ASSERT_NE(c, nullptr);
+          auto before = read_all(c);
+          const int layer = static_cast<int>(rng() % L);
+          std::vector<int64_t> slots(nb * bs);
+          std::iota(slots.begin(), slots.end(), 0);
+          std::shuffle(slots.begin(), slots.end(), rng);
+          slots.resize(9);
+          slots[3] = -1;
+          slots[7] = -1;
+          const int64_t n = static_cast<int64_t>(slots.size());
+          const float ksc = pat::is_fp8(cdt) ? 0.5f : 1.0f, vsc = pat::is_fp8(cdt) ? 3.0f : 1.0f;
+          pat::Tensor k(dev, mdt, n, hkv, D), v(dev, mdt, n, hkv, D);
+          std::normal_distribution<float> nd(0.f, 2.f);
+          for (int64_t r = 0; r < n; ++r)
+            for (int h = 0; h < hkv; ++h)
+              for (int d = 0; d < D; ++d) {
+                k.set(r, h, d, nd(rng));
+                v.set(r, h, d, nd(rng));
+              }
+          pat::DevBuf sb(dev, n * (s64 ? 8 : 4));
+          for (int64_t r = 0; r < n; ++r) {
+            if (s64) std::memcpy(&sb.host()[r * 8], &slots[r], 8);
+            else {
+              int32_t x = static_cast<int32_t>(slots[r]);
+              std::memcpy(&sb.host()[r * 4], &x, 4);
+            }
+          }
+          sb.upload();
+          k.upload();
+          v.upload();
+          int64_t shp[1] = {n};
+          pagedattn_tensor st{};
+          st.data = sb.ptr();
+          st.device = dev;
+          st.ndim = 1;
+          st.dtype = {PAGEDATTN_DLPACK_INT, static_cast<uint8_t>(s64 ? 64 : 32), 1};
+          st.shape = shp;
+          ASSERT_EQ(pagedattn_kv_cache_write(c, layer, k.t(), v.t(), &st, ksc, vsc, nullptr),
+                    PAGEDATTN_OK)
+              << pat::last_error();
+          auto after = read_all(c);
+          const size_t es = pat::dtype_bytes(cdt), rec = bpb(g);
+          std::vector<uint8_t> want = before;
+          for (int64_t r = 0; r < n; ++r) {
+            if (slots[r] < 0) continue;
+            const int b = static_cast<int>(slots[r] / bs), so = static_cast<int>(slots[r] % bs);
+            for (int h = 0; h < hkv; ++h)
+              for (int d = 0; d < D; ++d) {
+                pat::store(cdt, &want[b * rec + rec_elem(g, layer, 0, so, h, d) * es],
+                           k.get(r, h, d) / ksc);
+                pat::store(cdt, &want[b * rec + rec_elem(g, layer, 1, so, h, d) * es],
+                           v.get(r, h, d) / vsc);
+              }
+          }
+          for (size_t i = 0; i < want.size(); i += es) {
+            if (std::memcmp(&want[i], &after[i], es) == 0) continue;
+            const bool fp8 = pat::is_fp8(cdt);
+            const bool near = fp8 && (want[i] & 0x80) == (after[i] & 0x80) &&
+                              std::abs((want[i] & 0x7F) - (after[i] & 0x7F)) <= 1;
+            ASSERT_TRUE(near) << "byte " << i << " (block " << i / rec << "): got "
+                              << pat::load(cdt, &after[i]) << ", want " << pat::load(cdt, &want[i]);
+          }
+        }
+}
+
+TEST_F(Cache, Fp8SaturatesAndScales) {
+  for (pagedattn_dtype cdt : {PAGEDATTN_DTYPE_FP8_E4M3, PAGEDATTN_DTYPE_FP8_E5M2}) {
+    auto g = geom(1, 1, 1, 1, 8, cdt);
+    pagedattn_kv_cache* c = make(g);
+    ASSERT_NE(c, nullptr);
+    pat::Tensor k(dev, PAGEDATTN_DTYPE_FLOAT32, 1, 1, 8), v(dev, PAGEDATTN_DTYPE_FLOAT32, 1, 1, 8);
+    const float kin[8] = {1e6f, -1e6f, 448.f, 500.f, 1.0f, -3.0f, 0.0f, 57344.f * 4};
+    for (int d = 0; d < 8; ++d) {
+      k.set(0, 0, d, kin[d]);
+      v.set(0, 0, d, kin[d]);
+    }
+    k.upload();
+    v.upload();
+    pat::DevBuf sb(dev, 8);
+    int64_t zero = 0;
+    std::memcpy(sb.host().data(), &zero, 8);
+    sb.upload();
+    int64_t shp[1] = {1};
+    pagedattn_tensor st{};
+    st.data = sb.ptr();
+    st.device = dev;
+    st.ndim = 1;
+    st.dtype = {PAGEDATTN_DLPACK_INT, 64, 1};
+    st.shape = shp;
+    const float vscale = 2.0f;
+    ASSERT_EQ(pagedattn_kv_cache_write(c, 0, k.t(), v.t(), &st, 1.0f, vscale, nullptr), PAGEDATTN_OK)
+        << pat::last_error();
+    auto img = read_all(c);
+    for (int d = 0; d < 8; ++d) {
+      const float gk = pat::load(cdt, &img[d]);
+      const float gv = pat::load(cdt, &img[8 + d]);
+      EXPECT_TRUE(std::isfinite(gk)) << pat::dtype_str(cdt) << " K[" << d << "] not saturated";
+      EXPECT_EQ(gk, pat::round_to(cdt, kin[d])) << pat::dtype_str(cdt) << " K[" << d << "]";
+      EXPECT_EQ(gv, pat::round_to(cdt, kin[d] / vscale)) << pat::dtype_str(cdt) << " V[" << d << "]";
+    }
+  }
+}
+
+TEST_F(Cache, WrapCustomStrides) {
+  const uint64_t seed = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  for (auto lay : {PAGEDATTN_LAYOUT_NHD, PAGEDATTN_LAYOUT_HND}) {
+    const int L = 2, nb = 3, bs = 4, hkv = 2, D = 16;
+    auto g = geom(L, nb, bs, hkv, D, PAGEDATTN_DTYPE_FLOAT32, lay);
+    int64_t hs, ss, bst;
+    if (lay == PAGEDATTN_LAYOUT_NHD) {
+      hs = D + 8; ss = hkv * hs + 3; bst = bs * ss + 5;
+    } else {
+      ss = D + 8; hs = bs * ss + 3; bst = hkv * hs + 5;
+    }
+    std::vector<std::unique_ptr<pat::DevBuf>> bufs;
+    std::vector<void*> kp, vp;
+    for (int i = 0; i < 2 * L; ++i) {
+      bufs.emplace_back(new pat::DevBuf(dev, bst * nb * 4));
+      std::fill(bufs.back()->host().begin(), bufs.back()->host().end(), 0x5A);
+      bufs.back()->upload();
+      (i % 2 ? vp : kp).push_back(bufs.back()->ptr());
+    }
+    pagedattn_kv_cache_memory m{};
+    m.struct_size = sizeof m;
+    m.k_layers = kp.data();
+    m.v_layers = vp.data();
+    m.block_stride = bst;
+    m.slot_stride = ss;
+    m.head_stride = hs;
+    m.device = dev;
+    pagedattn_kv_cache* c = nullptr;
+    ASSERT_EQ(pagedattn_kv_cache_wrap(&c, be, &g, &m), PAGEDATTN_OK) << pat::last_error();
+    caches_.push_back(c);
+    void *k0 = nullptr, *v1 = nullptr;
+    int64_t s[3];
+    ASSERT_EQ(pagedattn_kv_cache_get_layer(&k0, nullptr, s, c, 0), PAGEDATTN_OK);
+    ASSERT_EQ(pagedattn_kv_cache_get_layer(nullptr, &v1, nullptr, c, 1), PAGEDATTN_OK);
+    EXPECT_EQ(k0, kp[0]);
+    EXPECT_EQ(v1, vp[1]);
+    EXPECT_EQ(s[0], bst);
+    EXPECT_EQ(s[1], ss);
+    EXPECT_EQ(s[2], hs);
+    auto img = fill_random(c, rng);
+    // Every element landed at its strided address; padding untouched.
+    for (int l = 0; l < L; ++l)
+      for (int kv = 0; kv < 2; ++kv) {
+        pat::DevBuf& b = *bufs[2 * l + kv];
+        b.download();
+        std::vector<uint8_t> logical(b.bytes(), 0);
+        for (int blk = 0; blk < nb; ++blk)
+          for (int sl = 0; sl < bs; ++sl)
+            for (int h = 0; h < hkv; ++h)
+              for (int d = 0; d < D; ++d) {
+                const size_t e = (blk * bst + sl * ss + h * hs + d) * 4;
+                const size_t r = blk * bpb(g) + rec_elem(g, l, kv, sl, h, d) * 4;
+                ASSERT_EQ(std::memcmp(&b.host()[e], &img[r], 4), 0)
+                    << "layer " << l << " kv " << kv << " block " << blk << " slot " << sl;
+                std::fill(&logical[e], &logical[e] + 4, 1);
+              }
+        for (size_t i = 0; i < b.bytes(); ++i)
+          if (!logical[i]) {
+            ASSERT_EQ(b.host()[i], 0x5A) << "padding byte " << i << " written";
+          }
+      }
+    // Compact strides (0,0,0) are accepted too.
+    m.block_stride = m.slot_stride = m.head_stride = 0;
+    pagedattn_kv_cache* c2 = nullptr;
+    ASSERT_EQ(pagedattn_kv_cache_wrap(&c2, be, &g, &m), PAGEDATTN_OK) << pat::last_error();
+    caches_.push_back(c2);
+  }
+}
+
+TEST_F(Cache, WrapRefusals) {
+  auto g = geom(2, 2, 4, 2, 16, PAGEDATTN_DTYPE_FLOAT32);
+  pat::DevBuf b0(dev, 4096), b1(dev, 4096), b2(dev, 4096), b3(dev, 4096);
+  void* kp[2] = {b0.ptr(), b1.ptr()};
+  void* vp[2] = {b2.ptr(), b3.ptr()};
+  void* kbad[2] = {b0.ptr(), nullptr};
+  pagedattn_kv_cache_memory m{};
+  m.struct_size = sizeof m;
+  m.k_layers = kp;
+  m.v_layers = vp;
+  m.device = dev;
+  pagedattn_kv_cache* const sentinel = reinterpret_cast<pagedattn_kv_cache*>(0x20);
+  pagedattn_kv_cache* c = sentinel;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  auto mm = m;
+  mm.struct_size = 0;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_STRUCT_SIZE));
+  mm = m;
+  mm.k_layers = kbad;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  mm = m;
+  mm.k_layers = nullptr;
+  const pagedattn_status s1 = pagedattn_kv_cache_wrap(&c, be, &g, &mm);
+  EXPECT_TRUE(s1 == PAGEDATTN_ERROR_NULL_POINTER || s1 == PAGEDATTN_ERROR_INVALID_ARGUMENT)
+      << pagedattn_status_string(s1);
+  mm = m;  // heads overlap: head stride smaller than the head size
+  mm.head_stride = 8;
+  mm.slot_stride = 2 * 16;
+  mm.block_stride = 4 * 2 * 16;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  mm = m;  // slots overlap
+  mm.head_stride = 16;
+  mm.slot_stride = 16;
+  mm.block_stride = 4 * 2 * 16;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  mm = m;  // blocks overlap
+  mm.head_stride = 16;
+  mm.slot_stride = 32;
+  mm.block_stride = 64;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  mm = m;
+  mm.device.device_type = dev.device_type == PAGEDATTN_DEVICE_CPU ? PAGEDATTN_DEVICE_CUDA
+                                                                   : PAGEDATTN_DEVICE_ROCM;
+  mm.device.device_id = 3;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_WRONG_DEVICE));
+  EXPECT_EQ(c, sentinel);
+}
+
+class CacheWrite : public Cache {
+ protected:
+  void SetUp() override {
+    Cache::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    g = geom(2, 4, 4, 2, 16, PAGEDATTN_DTYPE_FLOAT16);
+    c = make(g);
+    ASSERT_NE(c, nullptr);
+    std::mt19937_64 rng(7);
+    before = fill_random(c, rng);
+    k.reset(new pat::Tensor(dev, PAGEDATTN_DTYPE_FLOAT16, 3, 2, 16));
+    v.reset(new pat::Tensor(dev, PAGEDATTN_DTYPE_FLOAT16, 3, 2, 16));
+    for (int r = 0; r < 3; ++r)
+      for (int h = 0; h < 2; ++h)
+        for (int d = 0; d < 16; ++d) {
+          k->set(r, h, d, 1.5f);
+          v->set(r, h, d, -1.5f);
+        }
+    k->upload();
+    v->upload();
+    slots.reset(new pat::DevBuf(dev, 3 * 8));
+  }
+  pagedattn_tensor* slot_tensor(std::vector<int64_t> s, int bits = 64) {
+    slots.reset(new pat::DevBuf(dev, std::max<size_t>(s.size(), 1) * 8));
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (bits == 64) std::memcpy(&slots->host()[i * 8], &s[i], 8);
+      else {
+        int32_t x = static_cast<int32_t>(s[i]);
+        std::memcpy(&slots->host()[i * 4], &x, 4);
+      }
+    }
+    slots->upload();
+    shp[0] = static_cast<int64_t>(s.size());
+    st = pagedattn_tensor{};
+    st.data = slots->ptr();
+    st.device = dev;
+    st.ndim = 1;
+    st.dtype = {PAGEDATTN_DLPACK_INT, static_cast<uint8_t>(bits), 1};
+    st.shape = shp;
+    return &st;
+  }
+  ::testing::AssertionResult unchanged() {
+    if (read_all(c) != before) return ::testing::AssertionFailure() << "cache was modified";
+    return ::testing::AssertionSuccess();
+  }
+  pagedattn_kv_cache_desc g;
+  pagedattn_kv_cache* c = nullptr;
+  std::vector<uint8_t> before;
+  std::unique_ptr<pat::Tensor> k, v;
+  std::unique_ptr<pat::DevBuf> slots;
+  int64_t shp[2];
+  pagedattn_tensor st;
+};
+
+TEST_F(CacheWrite, SlotsOutOfRangeWriteNothing) {
+  const int64_t nbbs = 4 * 4;
+  for (auto bad : std::vector<std::vector<int64_t>>{
+           {0, 5, nbbs}, {nbbs + 100, 1, 2}, {3, -2, 4}, {1, 2, INT64_MAX}, {1, 2, INT32_MIN}}) {
+    for (int bits : {64, 32}) {
+      if (bits == 32 && (bad[2] == INT64_MAX)) continue;
+      EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), slot_tensor(bad, bits),
+                                                     1.f, 1.f, nullptr),
+                            PAGEDATTN_ERROR_OUT_OF_RANGE, "slot"))
+          << bad[0] << "," << bad[1] << "," << bad[2] << " int" << bits;
+      EXPECT_TRUE(unchanged());
+    }
+  }
+}
+
+TEST_F(CacheWrite, Refusals) {
+  pagedattn_tensor* good = slot_tensor({0, -1, 5});
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(nullptr, 0, k->t(), v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, nullptr, v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), nullptr, good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), nullptr, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 2, k->t(), v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "layer"));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, -1, k->t(), v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "layer"));
+  // Wrong shapes.
+  pat::Tensor k_heads(dev, PAGEDATTN_DTYPE_FLOAT16, 3, 4, 16), k_dim(dev, PAGEDATTN_DTYPE_FLOAT16, 3, 2, 8),
+      k_rows(dev, PAGEDATTN_DTYPE_FLOAT16, 2, 2, 16), k_f32(dev, PAGEDATTN_DTYPE_FLOAT32, 3, 2, 16),
+      k_bf(dev, PAGEDATTN_DTYPE_BFLOAT16, 3, 2, 16);
+  for (pat::Tensor* bad : {&k_heads, &k_dim, &k_rows}) {
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, bad->t(), v->t(), good, 1, 1, nullptr),
+                          PAGEDATTN_ERROR_BAD_TENSOR));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), bad->t(), good, 1, 1, nullptr),
+                          PAGEDATTN_ERROR_BAD_TENSOR));
+  }
+  for (pat::Tensor* bad : {&k_f32, &k_bf}) {  // dtype differs from the (f16) cache
+    const pagedattn_status s = pagedattn_kv_cache_write(c, 0, bad->t(), bad->t(), good, 1, 1, nullptr);
+    EXPECT_TRUE(s == PAGEDATTN_ERROR_BAD_TENSOR || s == PAGEDATTN_ERROR_UNSUPPORTED)
+        << pagedattn_status_string(s);
+    EXPECT_NE(pat::last_error().find("float16"), std::string::npos) << pat::last_error();
+  }
+  // Rank 2, non-unit innermost stride, non-float dtype.
+  pagedattn_tensor t = *k->t();
+  int64_t shp2[2] = {3, 32};
+  t.ndim = 2;
+  t.shape = shp2;
+  t.strides = nullptr;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &t, v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR, "key"));
+  t = *k->t();
+  int64_t str[3] = {64, 16, 2};
+  t.strides = str;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &t, v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR, "stride"));
+  t = *k->t();
+  t.dtype = {PAGEDATTN_DLPACK_INT, 16, 1};
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &t, v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR));
+  t = *k->t();
+  t.device.device_type = dev.device_type == PAGEDATTN_DEVICE_CPU ? PAGEDATTN_DEVICE_CUDA
+                                                                  : PAGEDATTN_DEVICE_CPU;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &t, v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_WRONG_DEVICE));
+  // Bad slot tensors: float, 2-D, length != rows.
+  pagedattn_tensor s = *good;
+  s.dtype = {PAGEDATTN_DLPACK_FLOAT, 32, 1};
+  s.shape = shp;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), &s, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR));
+  s = *good;
+  int64_t s2[2] = {3, 1};
+  s.ndim = 2;
+  s.shape = s2;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), &s, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR));
+  pagedattn_tensor* shorter = slot_tensor({0, 1});
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), shorter, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR));
+  EXPECT_TRUE(unchanged());
+}
+
+TEST_F(Cache, Fp8ScaleRefusals) {
+  auto g = geom(1, 2, 4, 1, 8, PAGEDATTN_DTYPE_FP8_E4M3);
+  pagedattn_kv_cache* c = make(g);
+  ASSERT_NE(c, nullptr);
+  std::mt19937_64 rng(3);
+  auto before = fill_random(c, rng);
+  pat::Tensor k(dev, PAGEDATTN_DTYPE_FLOAT16, 1, 1, 8), v(dev, PAGEDATTN_DTYPE_FLOAT16, 1, 1, 8);
+  k.upload();
+  v.upload();
+  pat::DevBuf sb(dev, 8);
+  int64_t one = 1;
+  std::memcpy(sb.host().data(), &one, 8);
+  sb.upload();
+  int64_t shp[1] = {1};
+  pagedattn_tensor st{};
+  st.data = sb.ptr();
+  st.device = dev;
+  st.ndim = 1;
+  st.dtype = {PAGEDATTN_DLPACK_INT, 64, 1};
+  st.shape = shp;
+  for (float bad : {0.0f, -1.0f, NAN, INFINITY}) {
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k.t(), v.t(), &st, bad, 1.0f, nullptr),
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, "scale"))
+        << bad;
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k.t(), v.t(), &st, 1.0f, bad, nullptr),
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, "scale"))
+        << bad;
+  }
+  EXPECT_EQ(read_all(c), before);
+  // On a non-fp8 cache the scales are ignored.
+  auto g2 = geom(1, 2, 4, 1, 8, PAGEDATTN_DTYPE_FLOAT16);
+  pagedattn_kv_cache* c2 = make(g2);
+  EXPECT_EQ(pagedattn_kv_cache_write(c2, 0, k.t(), v.t(), &st, 0.0f, -3.0f, nullptr), PAGEDATTN_OK)
+      << pat::last_error();
+}
+
+TEST_F(Cache, CopyBlocks) {
+  const uint64_t seed = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  for (auto lay : {PAGEDATTN_LAYOUT_NHD, PAGEDATTN_LAYOUT_HND}) {
+    auto g = geom(3, 12, 8, 2, 32, PAGEDATTN_DTYPE_BFLOAT16, lay);
+    pagedattn_kv_cache* c = make(g);
+    ASSERT_NE(c, nullptr);
+    auto before = fill_random(c, rng);
+    const size_t rec = bpb(g);
+    // src {0..5} -> dst {6..11} shuffled, plus a src == dst no-op.
+    std::vector<int32_t> ids(12);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int32_t> pairs = {ids[0], ids[6], ids[1], ids[7], ids[2], ids[8], ids[3], ids[3]};
+    ASSERT_EQ(pagedattn_kv_cache_copy_blocks(c, pairs.data(), pairs.size() / 2, nullptr), PAGEDATTN_OK)
+        << pat::last_error();
+    auto want = before;
+    for (size_t i = 0; i + 1 < pairs.size(); i += 2)
+      std::memcpy(&want[pairs[i + 1] * rec], &before[pairs[i] * rec], rec);
+    EXPECT_TRUE(read_all(c) == want);
+    EXPECT_EQ(pagedattn_kv_cache_copy_blocks(c, nullptr, 0, nullptr), PAGEDATTN_OK);
+  }
+}
+
+TEST_F(Cache, CopyBlocksRefusals) {
+  auto g = geom(2, 6, 4, 1, 8, PAGEDATTN_DTYPE_FLOAT32);
+  pagedattn_kv_cache* c = make(g);
+  ASSERT_NE(c, nullptr);
+  std::mt19937_64 rng(11);
+  auto before = fill_random(c, rng);
+  struct {
+    std::vector<int32_t> pairs;
+    pagedattn_status st;
+    const char* needle;
+  } const cases[] = {
+      {{0, 1, 2, 6}, PAGEDATTN_ERROR_OUT_OF_RANGE, "6"},
+      {{0, 1, -1, 3}, PAGEDATTN_ERROR_OUT_OF_RANGE, "-1"},
+      {{7, 1}, PAGEDATTN_ERROR_OUT_OF_RANGE, "7"},
+      {{0, 1, 2, 1}, PAGEDATTN_ERROR_INVALID_ARGUMENT, "1"},
+      {{0, 1, 1, 2}, PAGEDATTN_ERROR_INVALID_ARGUMENT, ""},  // dst 1 also a source
+  };
+  for (const auto& cs : cases) {
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_copy_blocks(c, cs.pairs.data(), cs.pairs.size() / 2,
+                                                         nullptr),
+                          cs.st, cs.needle));
+    EXPECT_TRUE(read_all(c) == before) << "copy_blocks changed the cache on failure";
+  }
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_copy_blocks(c, nullptr, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  const int32_t p[2] = {0, 1};
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_copy_blocks(nullptr, p, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(read_all(c) == before);
+}
+
+TEST_F(Cache, SwapBlocksAcrossLayoutsAndHostCaches) {
+  const uint64_t seed = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  auto gs = geom(2, 7, 4, 2, 16, PAGEDATTN_DTYPE_FLOAT16, PAGEDATTN_LAYOUT_NHD);
+  auto gd = geom(2, 5, 4, 2, 16, PAGEDATTN_DTYPE_FLOAT16, PAGEDATTN_LAYOUT_HND);
+  gd.flags = PAGEDATTN_KV_CACHE_HOST;
+  pagedattn_kv_cache* src = make(gs);
+  pagedattn_kv_cache* dst = make(gd);
+  ASSERT_TRUE(src && dst);
+  auto simg = fill_random(src, rng);
+  auto dimg = fill_random(dst, rng);
+  const std::vector<int32_t> pairs = {6, 0, 2, 4, 3, 1};
+  ASSERT_EQ(pagedattn_kv_cache_swap_blocks(dst, src, pairs.data(), 3, nullptr), PAGEDATTN_OK)
+      << pat::last_error();
+  auto after = read_all(dst);
+  const size_t rec = bpb(gd);
+  std::vector<int> from(5, -1);
+  for (size_t i = 0; i < pairs.size(); i += 2) from[pairs[i + 1]] = pairs[i];
+  for (int b = 0; b < 5; ++b)
+    for (int l = 0; l < 2; ++l)
+      for (int kv = 0; kv < 2; ++kv)
+        for (int s = 0; s < 4; ++s)
+          for (int h = 0; h < 2; ++h)
+            for (int d = 0; d < 16; ++d) {
+              const uint8_t* got = &after[b * rec + rec_elem(gd, l, kv, s, h, d) * 2];
+              const uint8_t* want = from[b] < 0 ? &dimg[b * rec + rec_elem(gd, l, kv, s, h, d) * 2]
+                                                : &simg[from[b] * rec + rec_elem(gs, l, kv, s, h, d) * 2];
+              ASSERT_EQ(std::memcmp(got, want, 2), 0) << "dst block " << b << " layer " << l;
+            }
+  EXPECT_TRUE(read_all(src) == simg) << "swap changed its source";
+  // And back.
+  const std::vector<int32_t> back = {0, 5};
+  ASSERT_EQ(pagedattn_kv_cache_swap_blocks(src, dst, back.data(), 1, nullptr), PAGEDATTN_OK)
+      << pat::last_error();
+}
+
+TEST_F(Cache, SwapBlocksRefusals) {
+  auto g = geom(2, 4, 4, 2, 16, PAGEDATTN_DTYPE_FLOAT16);
+  pagedattn_kv_cache* a = make(g);
+  pagedattn_kv_cache* b = make(g);
+  ASSERT_TRUE(a && b);
+  std::mt19937_64 rng(5);
+  auto bimg = fill_random(b, rng);
+  fill_random(a, rng);
+  const int32_t p_oob[4] = {0, 1, 2, 4};
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, a, p_oob, 2, nullptr),
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "4"));
+  const int32_t p_oob_src[2] = {9, 1};
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, a, p_oob_src, 1, nullptr),
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "9"));
+  const int32_t p_dup[4] = {0, 1, 2, 1};
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, a, p_dup, 2, nullptr),
+                        PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(nullptr, a, p_dup, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, nullptr, p_dup, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, a, nullptr, 1, nullptr),
+                        PAGEDATTN_ERROR_NULL_POINTER));
+  for (int which = 0; which < 5; ++which) {
+    auto g2 = g;
+    const char* what = "";
+    switch (which) {
+      case 0: g2.head_size = 32; what = "head"; break;
+      case 1: g2.num_kv_heads = 1; what = "head"; break;
+      case 2: g2.dtype = PAGEDATTN_DTYPE_BFLOAT16; what = "dtype"; break;
+      case 3: g2.block_size = 8; what = "block"; break;
+      default: g2.num_layers = 3; what = "layer"; break;
+    }
+    pagedattn_kv_cache* other = make(g2);
+    ASSERT_NE(other, nullptr);
+    const int32_t p[2] = {0, 0};
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, other, p, 1, nullptr),
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, what));
+  }
+  EXPECT_TRUE(read_all(b) == bimg) << "failed swaps changed the destination";
+}
+
+TEST_F(Cache, ReadLoadRoundTripAndRefusals) {
+  const uint64_t seed = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  for (pagedattn_dtype dt : {PAGEDATTN_DTYPE_FLOAT32, PAGEDATTN_DTYPE_FP8_E5M2}) {
+    auto g = geom(2, 5, 2, 3, 8, dt, PAGEDATTN_LAYOUT_HND);
+    pagedattn_kv_cache* c = make(g);
+    ASSERT_NE(c, nullptr);
+    auto img = fill_random(c, rng);
+    const size_t rec = bpb(g);
+    const int32_t ids[3] = {4, 0, 2};
+    std::vector<uint8_t> buf(3 * rec + 7, 0xCD);
+    ASSERT_EQ(pagedattn_kv_cache_read_blocks(c, ids, 3, buf.data(), buf.size(), nullptr), PAGEDATTN_OK);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(std::memcmp(&buf[i * rec], &img[ids[i] * rec], rec), 0) << "record " << i;
+    for (size_t i = 3 * rec; i < buf.size(); ++i) ASSERT_EQ(buf[i], 0xCD) << "wrote past the records";
+    // load into other ids and read back.
+    const int32_t to[3] = {1, 3, 0};
+    ASSERT_EQ(pagedattn_kv_cache_load_blocks(c, to, 3, buf.data(), 3 * rec, nullptr), PAGEDATTN_OK);
+    auto after = read_all(c);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(std::memcmp(&after[to[i] * rec], &img[ids[i] * rec], rec), 0);
+    EXPECT_EQ(std::memcmp(&after[2 * rec], &img[2 * rec], rec), 0);
+    EXPECT_EQ(std::memcmp(&after[4 * rec], &img[4 * rec], rec), 0);
+
+    // Refusals leave buffer / cache alone.
+    std::vector<uint8_t> small(3 * rec - 1, 0xAB);
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, ids, 3, small.data(), small.size(), nullptr),
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT));
+    EXPECT_TRUE(std::all_of(small.begin(), small.end(), [](uint8_t x) { return x == 0xAB; }));
+    const int32_t bad[2] = {1, 5};
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, bad, 2, buf.data(), buf.size(), nullptr),
+                          PAGEDATTN_ERROR_OUT_OF_RANGE, "5"));
+    const int32_t neg[1] = {-1};
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, neg, 1, buf.data(), buf.size(), nullptr),
+                          PAGEDATTN_ERROR_OUT_OF_RANGE));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, ids, 3, nullptr, 0, nullptr),
+                          PAGEDATTN_ERROR_NULL_POINTER));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, nullptr, 3, buf.data(), buf.size(), nullptr),
+                          PAGEDATTN_ERROR_NULL_POINTER));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(nullptr, ids, 3, buf.data(), buf.size(), nullptr),
+                          PAGEDATTN_ERROR_NULL_POINTER));
+    const auto cur = read_all(c);
+    const int32_t dup[2] = {1, 1};
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_load_blocks(c, dup, 2, buf.data(), buf.size(), nullptr),
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_load_blocks(c, bad, 2, buf.data(), buf.size(), nullptr),
+                          PAGEDATTN_ERROR_OUT_OF_RANGE));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_load_blocks(c, ids, 3, buf.data(), 3 * rec - 1, nullptr),
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT));
+    EXPECT_TRUE(read_all(c) == cur) << "failed loads changed the cache";
+  }
+}
