@@ -46,4 +46,24 @@ if [ $rc -eq 5 ]; then
   echo "python: pytest collected no tests" >&2
   exit 1
 fi
-exit $rc
+[ $rc -eq 0 ] || exit $rc
+
+# The example, run as the README says (here through PAGEDATTN_LIBRARY).
+echo "python: examples/python/decode.py"
+"$python" "$root/examples/python/decode.py" > "$tmp/example.log" 2>&1 || {
+  cat "$tmp/example.log"; echo "python: the example failed" >&2; exit 1; }
+tail -n 1 "$tmp/example.log"
+
+# pip install (offline, from a copy so the checkout stays clean), then import from there.
+if "$python" -c "import setuptools" 2> /dev/null && "$python" -m pip --version > /dev/null 2>&1; then
+  mkdir -p "$tmp/src" && cp -r "$here/pagedattn" "$here/pyproject.toml" "$here/README.md" "$tmp/src/"
+  if ! "$python" -m pip install -q --no-build-isolation --no-deps --no-index \
+        --target "$tmp/site" "$tmp/src" > "$tmp/pip.log" 2>&1; then
+    cat "$tmp/pip.log"; echo "python: pip install failed" >&2; exit 1
+  fi
+  (cd "$tmp" && PYTHONPATH="$tmp/site" "$python" -c \
+    "import pagedattn as pa, sys; assert pa.__file__.startswith('$tmp/site'); print('python: pip-installed package loads', pa.version_string())") || exit 1
+else
+  echo "python: skipped: pip/setuptools not available, pip install not checked"
+fi
+exit 0
