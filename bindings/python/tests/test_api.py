@@ -370,3 +370,55 @@ def test_errors_are_per_thread(be: pa.Backend) -> None:
     th.start()
     th.join()
     assert errors and "other-missing-backend" in errors[0].message
+
+
+def test_cross_attention_first_step_and_decode(be: pa.Backend) -> None:
+    rng = np.random.default_rng(17)
+    H, Hkv, D, bs = 4, 2, 32, 8
+    cache = pa.KVCache.create(be, num_layers=1, num_blocks=16, block_size=bs, num_kv_heads=Hkv,
+                              head_size=D, dtype=pa.Dtype.FLOAT32)
+    enc_lens = [10, 3]
+    xt = np.array([[5, 9], [12, 0]], dtype=np.int32)
+    enc_k = rng.uniform(-1, 1, (13, Hkv, D)).astype(np.float32)
+    enc_v = rng.uniform(-1, 1, (13, Hkv, D)).astype(np.float32)
+    q = rng.uniform(-1, 1, (3, H, D)).astype(np.float32)
+    b = pa.Batch(be, cache, [2, 1], [0, 0], [[1], [2]], cross_cache=cache,
+                 encoder_lens=enc_lens, cross_block_tables=xt)
+    want = [5 * bs + p for p in range(8)] + [9 * bs + p for p in range(2)] + \
+        [12 * bs + p for p in range(3)]
+    assert b.cross_slot_mapping.tolist() == want
+    out = pa.forward(be, b, cache, 0, q, enc_k, enc_v, attention_type=pa.AttentionType.CROSS)
+
+    def ref_rows(rows, keys, vals):
+        res = []
+        for qq in rows:
+            hs = []
+            for h in range(H):
+                s = keys[:, h // 2].astype(np.float64) @ qq[h] / np.sqrt(D)
+                e = np.exp(s - s.max())
+                hs.append(e @ vals[:, h // 2] / e.sum())
+            res.append(hs)
+        return np.array(res)
+
+    ref = np.concatenate([ref_rows(q[:2], enc_k[:10], enc_v[:10]),
+                          ref_rows(q[2:], enc_k[10:], enc_v[10:])])
+    assert rel_err(out, ref) <= 1e-5
+    # A later decode step reads the stored encoder K/V without writing (k/v omitted).
+    b.close()
+    b2 = pa.Batch(be, cache, [1, 1], [2, 1], [[1], [2]], cross_cache=cache,
+                  encoder_lens=enc_lens, cross_block_tables=xt)
+    out2 = pa.forward(be, b2, cache, 0, q[1:], attention_type=pa.AttentionType.CROSS)
+    ref2 = np.concatenate([ref_rows(q[1:2], enc_k[:10], enc_v[:10]),
+                           ref_rows(q[2:], enc_k[10:], enc_v[10:])])
+    assert rel_err(out2, ref2) <= 1e-5
+
+
+def test_slot_mapping_inputs_of_several_kinds(be: pa.Backend) -> None:
+    cache = pa.KVCache.create(be, num_layers=1, num_blocks=2, block_size=4, num_kv_heads=1,
+                              head_size=8, dtype=pa.Dtype.FLOAT32)
+    row = np.ones((2, 1, 8), np.float32)
+    cache.write(0, row, row, np.array([1, 6], dtype=np.int32))
+    cache.write(0, 2 * row, 2 * row, np.array([2, 7], dtype=np.uint8))  # widened to int64
+    cache.write(0, 3 * row, 3 * row, (0, 5))
+    k = cache.read_blocks([0, 1]).view(np.float32).reshape(2, 2, 4, 8)[:, 0, :, 0]
+    assert k.tolist() == [[3, 1, 2, 0], [0, 3, 1, 2]]
