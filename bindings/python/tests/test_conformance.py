@@ -65,7 +65,21 @@ class Case:
     def model(self, f: str, shape: Tuple[int, ...], key: str = "dtype"):
         dt = self.s(key)
         a = self.arr(f, _NP[dt], shape)
-        return pa.BFloat16Array(a) if dt == "bf16" else a
+        return wrap(a, dt)
+
+
+# "numpy": numpy arrays / BFloat16Array; "torch": torch tensors over the same memory (DLPack).
+KIND = {"value": "numpy"}
+
+
+def wrap(a: np.ndarray, dt: str):
+    """The tensor object the current kind passes for array ``a`` of model dtype ``dt``."""
+    if KIND["value"] == "torch":
+        import torch
+        if dt == "bf16":  # torch has no uint16: reinterpret through int16
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+    return pa.BFloat16Array(a) if dt == "bf16" else a
 
 
 def run(c: Case):
@@ -99,7 +113,7 @@ def run(c: Case):
                     k_l, v_l = pa.BFloat16Array(ck.array[layer]), pa.BFloat16Array(cv.array[layer])
                 else:
                     k_l, v_l = ck[layer], cv[layer]
-                cache.write(layer, k_l, v_l, slots, k_scale=ks, v_scale=vs)
+                cache.write(layer, k_l, v_l, wrap(slots, "i64"), k_scale=ks, v_scale=vs)
         if op == "forward":
             step = "batch_create"
             stride = c.i("table_stride")
@@ -119,10 +133,11 @@ def run(c: Case):
             odt = c.s("out_dtype")
             out_np = np.frombuffer(bytearray(b"\xff" * (T * H * D * np.dtype(_NP[odt]).itemsize)),
                                    dtype=_NP[odt]).reshape(T, H, D)
-            out = pa.BFloat16Array(out_np) if odt == "bf16" else out_np
+            out = wrap(out_np, odt)
             poisoned = out_np
-            lse = np.full((T, H), np.nan, dtype=np.float32) if c.i("lse") else False
-            alibi = c.arr("alibi.bin", np.float32, (H,)) if c.i("alibi") else None
+            lse_np = np.full((T, H), np.nan, dtype=np.float32)
+            lse = wrap(lse_np, "f32") if c.i("lse") else False
+            alibi = wrap(c.arr("alibi.bin", np.float32, (H,)), "f32") if c.i("alibi") else None
             pa.forward(be, None if c.i("null_batch") else batch, cache, c.i("layer"), q, k, v,
                        out=out, lse=lse, num_heads=H, num_kv_heads=c.i("opt_num_kv_heads"),
                        head_size=D, scale=c.f("scale"), soft_cap=c.f("soft_cap"),
@@ -130,7 +145,7 @@ def run(c: Case):
                        write_kv=bool(c.i("write_kv")), k_scale=ks, v_scale=vs, alibi_slopes=alibi)
             outs["out.bin"] = out_np.tobytes()
             if c.i("lse"):
-                outs["lse.bin"] = lse.tobytes()
+                outs["lse.bin"] = lse_np.tobytes()
         elif op == "copy_blocks":
             step = "copy_blocks"
             cache.copy_blocks(c.ints("pairs"))
@@ -159,8 +174,12 @@ def run(c: Case):
 
 @pytest.mark.skipif(not CONF_DIR, reason="PAGEDATTN_CONFORMANCE_DIR not set "
                     "(run_tests.sh runs the C conformance runner first)")
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
 @pytest.mark.parametrize("name", case_names() or ["<none>"])
-def test_conformance_case(name: str) -> None:
+def test_conformance_case(name: str, kind: str) -> None:
+    if kind == "torch":
+        pytest.importorskip("torch", reason="python3-torch not installed: torch conformance skipped")
+    KIND["value"] = kind
     c = Case(name)
     status, step, message, outs = run(c)
     assert status.c_name == c.s("status"), f"{name}: {status.c_name} at {step}: {message}"
