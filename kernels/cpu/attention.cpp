@@ -450,6 +450,8 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
   }
 }
 
+// ---- Dot-product path (fewer rows than a vector: decode with small GQA groups) ----
+// Rows are (token, head) pairs; each score is a dot product over D, four rows per K load.
 void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
@@ -515,18 +517,18 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
         if (plain && lo <= kt0 && kt0 + nk - 1 <= hi) {  // whole tile visible, nothing to add
           for (int k = 0; k < nk; ++k) mt = std::max(mt, s[k]);
         } else {
-        for (int k = 0; k < nk; ++k) {
-          const int64_t kp = kt0 + k;
-          float x = s[k];
-          if (kp < lo || kp > hi) {
-            x = kNegInf;
-          } else {
-            if (it.soft_cap > 0.0f) x = it.soft_cap * tanhf(x / it.soft_cap);
-            if (it.alibi != nullptr) x += slope * static_cast<float>(kp - pos);
+          for (int k = 0; k < nk; ++k) {
+            const int64_t kp = kt0 + k;
+            float x = s[k];
+            if (kp < lo || kp > hi) {
+              x = kNegInf;
+            } else {
+              if (it.soft_cap > 0.0f) x = it.soft_cap * tanhf(x / it.soft_cap);
+              if (it.alibi != nullptr) x += slope * static_cast<float>(kp - pos);
+            }
+            s[k] = x;
+            mt = std::max(mt, x);
           }
-          s[k] = x;
-          mt = std::max(mt, x);
-        }
         }
         for (int k = nk; k < kKeyTile; ++k) s[k] = kNegInf;
         if (mt == kNegInf) {  // nothing visible in this tile for this row
