@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "pagedattn/pagedattn.h"
+#include "pagedattn_test_support.h"
 
 namespace {
 
@@ -25,75 +26,6 @@ struct RawCase {
   std::string name;
   Keys keys;
 };
-
-// ---------------------------------------------------------------------------------------------
-// Element conversions (our own, so the reference does not trust the library's rounding).
-
-uint32_t f2u(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float u2f(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t to_bf16(float f) {
-  uint32_t u = f2u(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(u >> 16);
-}
-float from_bf16(uint16_t h) { return u2f(static_cast<uint32_t>(h) << 16); }
-
-float from_f16(uint16_t h) {
-  uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  float v;
-  if (exp == 0) {
-    v = std::ldexp(static_cast<float>(man), -24);
-  } else if (exp == 31) {
-    v = man ? NAN : INFINITY;
-  } else {
-    v = std::ldexp(static_cast<float>(man | 0x400u), static_cast<int>(exp) - 25);
-  }
-  return sign ? -v : v;
-}
-
-// Generic round-to-nearest-even onto a small float format with `mbits` mantissa bits, minimum
-// normal exponent `emin`, largest finite `maxv` (saturating). Returns the rounded value.
-double round_small(double x, int mbits, int emin, double maxv) {
-  if (std::isnan(x)) return x;
-  double a = std::fabs(x);
-  if (a == 0) return x;
-  int e;
-  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  int exp = std::max(e - 1, emin);
-  double quantum = std::ldexp(1.0, exp - mbits);
-  double r = std::nearbyint(a / quantum) * quantum;  // default rounding mode: ties to even
-  if (r > maxv) r = maxv;
-  return x < 0 ? -r : r;
-}
-
-uint16_t to_f16(float f) {
-  double r = round_small(f, 10, -14, 65504.0);
-  // Encode the exactly representable r.
-  uint16_t sign = std::signbit(r) ? 0x8000 : 0;
-  double a = std::fabs(r);
-  if (a == 0) return sign;
-  int e;
-  std::frexp(a, &e);
-  int exp = e - 1;
-  if (exp < -14) return static_cast<uint16_t>(sign | static_cast<uint16_t>(a / std::ldexp(1.0, -24)));
-  uint16_t man = static_cast<uint16_t>((a / std::ldexp(1.0, exp) - 1.0) * 1024.0);
-  return static_cast<uint16_t>(sign | ((exp + 15) << 10) | man);
-}
-
-double fp8_round(double x, pagedattn_dtype dt) {
-  if (dt == PAGEDATTN_DTYPE_FP8_E4M3) return round_small(x, 3, -6, 448.0);
-  return round_small(x, 2, -14, 57344.0);
-}
 
 // ---------------------------------------------------------------------------------------------
 
@@ -132,36 +64,17 @@ struct Arr {
     bytes.assign(n * dsize(d), 0);
     val.assign(n, 0.0);
   }
+  // Stores f rounded to the dtype (the tests' own conversions) and keeps the exact value.
   void set(size_t i, float f) {
-    if (dt == PAGEDATTN_DTYPE_FLOAT32) {
-      std::memcpy(&bytes[i * 4], &f, 4);
-      val[i] = f;
-    } else if (dt == PAGEDATTN_DTYPE_FLOAT16) {
-      uint16_t h = to_f16(f);
-      std::memcpy(&bytes[i * 2], &h, 2);
-      val[i] = from_f16(h);
-    } else {
-      uint16_t h = to_bf16(f);
-      std::memcpy(&bytes[i * 2], &h, 2);
-      val[i] = from_bf16(h);
-    }
+    unsigned char* p = &bytes[i * dsize(dt)];
+    pat::store(dt, p, f);
+    val[i] = pat::load(dt, p);
   }
   void random(Rng& r) {
     for (size_t i = 0; i < val.size(); ++i) set(i, static_cast<float>(r.uniform()));
   }
   size_t n() const { return val.size(); }
 };
-
-double read_elem(const unsigned char* p, pagedattn_dtype dt) {
-  if (dt == PAGEDATTN_DTYPE_FLOAT32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return dt == PAGEDATTN_DTYPE_FLOAT16 ? from_f16(h) : from_bf16(h);
-}
 
 // A compact pagedattn_tensor over host memory.
 struct Tensor {
@@ -639,95 +552,75 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
     write_vec(dir + "/slots.bin", slots_seen);
   }
 
-  // Float64 reference.
+  // Float64 reference (tests/support's pat::ref_attend), per sequence over its keys in position
+  // order, dequantised as the cache stores them.
   if (fail.empty() && fwd && st == PAGEDATTN_OK) {
     write_vec(dir + "/out.bin", out);
     if (c.lse) write_vec(dir + "/lse.bin", lse);
     // x / scale in float, as the library must (a double quotient can fall on the other side of
     // an fp8 rounding tie).
-    auto deq = [&](double x, float sc) {
-      return is_fp8(c.cache_dtype) ? fp8_round(static_cast<float>(x) / sc, c.cache_dtype) * sc : x;
+    auto deq = [&](double x, float sc) -> float {
+      return is_fp8(c.cache_dtype) ? pat::round_to(c.cache_dtype, static_cast<float>(x) / sc) * sc
+                                   : static_cast<float>(x);
     };
-    const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(D));
-    const int G = H / Hkv;
+    pat::RefParams rp;
+    rp.H = H;
+    rp.Hkv = Hkv;
+    rp.D = D;
+    rp.scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(D));
+    rp.soft_cap = c.soft_cap;
+    rp.window = c.sliding_window;
+    rp.causal = !cross && !encoder;
+    rp.alibi = c.alibi && rp.causal ? slopes.data() : nullptr;
+    std::vector<double> ref(static_cast<size_t>(T * H * D)), ref_lse(static_cast<size_t>(T * H));
+    const int64_t row = static_cast<int64_t>(Hkv) * D;
+    const int64_t loff = static_cast<int64_t>(c.layer) * num_ctx;
+    for (int i = 0; i < S; ++i) {
+      const int64_t nq = c.query_lens[i];
+      if (nq == 0) continue;
+      std::vector<float> kk, vv, qf;
+      std::vector<int64_t> qpos;
+      // Decoder and cross keys are read back from the cache; encoder types read k/v directly.
+      auto push = [&](const Arr& ka, const Arr& va, int64_t r, bool through_cache) {
+        for (int64_t e = 0; e < row; ++e) {
+          kk.push_back(through_cache ? deq(ka.val[r * row + e], c.k_scale) : static_cast<float>(ka.val[r * row + e]));
+          vv.push_back(through_cache ? deq(va.val[r * row + e], c.v_scale) : static_cast<float>(va.val[r * row + e]));
+        }
+      };
+      if (cross) {
+        for (int e = 0; e < c.encoder_lens[i]; ++e) {
+          if (c.write_kv) push(k, v, estart[i] + e, true);
+          else push(ctx_k, ctx_v, loff + ctx_start[i] + e, true);
+        }
+      } else if (encoder) {
+        for (int64_t e = 0; e < nq; ++e) push(k, v, qstart[i] + e, false);
+      } else {
+        for (int p = 0; p < c.context_lens[i]; ++p) push(ctx_k, ctx_v, loff + ctx_start[i] + p, true);
+        for (int64_t p = 0; p < nq; ++p) push(k, v, qstart[i] + p, true);
+      }
+      for (int64_t j = 0; j < nq; ++j) qpos.push_back(encoder ? j : c.context_lens[i] + j);
+      for (int64_t e = 0; e < nq * H * D; ++e) qf.push_back(static_cast<float>(q.val[qstart[i] * H * D + e]));
+      pat::ref_attend(rp, nq, qf.data(), qpos.data(), static_cast<int64_t>(kk.size() / row), kk.data(),
+                      vv.data(), &ref[static_cast<size_t>(qstart[i]) * H * D],
+                      &ref_lse[static_cast<size_t>(qstart[i]) * H]);
+    }
     double max_err = 0, max_ref = 0, max_lse_err = 0;
     bool nan = false;
-    std::vector<double> s, w;
-    for (int i = 0; i < S; ++i) {
-      for (int j = 0; j < c.query_lens[i]; ++j) {
-        const int64_t t = qstart[i] + j;
-        const int64_t qpos = c.context_lens[i] + j;
-        // Key source per position: (array, row) pairs.
-        std::vector<std::pair<const Arr*, int64_t>> keys;
-        std::vector<int64_t> kpos;
-        const int64_t loff = static_cast<int64_t>(c.layer) * num_ctx;
-        if (cross) {
-          for (int e = 0; e < c.encoder_lens[i]; ++e) {
-            keys.push_back(c.write_kv ? std::make_pair(&k, static_cast<int64_t>(estart[i] + e))
-                                      : std::make_pair(&ctx_k, loff + ctx_start[i] + e));
-            kpos.push_back(e);
-          }
-        } else if (encoder) {
-          for (int e = 0; e < c.query_lens[i]; ++e) {
-            keys.push_back({&k, qstart[i] + e});
-            kpos.push_back(e);
-          }
-        } else {
-          for (int64_t p = 0; p <= qpos; ++p) {
-            if (c.sliding_window > 0 && qpos - p >= c.sliding_window) continue;
-            if (p < c.context_lens[i]) keys.push_back({&ctx_k, loff + ctx_start[i] + p});
-            else keys.push_back({&k, qstart[i] + (p - c.context_lens[i])});
-            kpos.push_back(p);
-          }
-        }
-        for (int h = 0; h < H; ++h) {
-          const int kh = h / G;
-          s.assign(keys.size(), 0);
-          double m = -INFINITY;
-          for (size_t n = 0; n < keys.size(); ++n) {
-            const Arr* ka = keys[n].first;
-            const bool from_new = ka == &k;
-            double dot = 0;
-            for (int d = 0; d < D; ++d) {
-              double kvv = ka->val[(keys[n].second * Hkv + kh) * D + d];
-              // Decoder/cross keys are read back from the cache; encoder types read k/v directly.
-              if (!(encoder && from_new)) kvv = deq(kvv, c.k_scale);
-              dot += q.val[(t * H + h) * D + d] * kvv;
-            }
-            double sc = dot * scale;
-            if (c.soft_cap > 0) sc = c.soft_cap * std::tanh(sc / c.soft_cap);
-            if (c.alibi) sc += slopes[h] * static_cast<double>(kpos[n] - qpos);
-            s[n] = sc;
-            m = std::max(m, sc);
-          }
-          double sum = 0;
-          for (double& x : s) sum += (x = std::exp(x - m));
-          for (int d = 0; d < D; ++d) {
-            double acc = 0;
-            for (size_t n = 0; n < keys.size(); ++n) {
-              const Arr* va = keys[n].first == &k ? &v : &ctx_v;
-              double vv = va->val[(keys[n].second * Hkv + kh) * D + d];
-              if (!(encoder && va == &v)) vv = deq(vv, c.v_scale);
-              acc += s[n] * vv;
-            }
-            double ref = keys.empty() ? 0.0 : acc / sum;
-            double got_v = read_elem(&out[((t * H + h) * D + d) * dsize(c.out_dtype)], c.out_dtype);
-            if (std::isnan(got_v)) nan = true;
-            max_err = std::max(max_err, std::fabs(got_v - ref));
-            max_ref = std::max(max_ref, std::fabs(ref));
-          }
-          if (c.lse) {
-            double ref_lse = keys.empty() ? -INFINITY : m + std::log(sum);
-            double got_l = lse[t * H + h];
-            if (std::isnan(got_l)) nan = true;
-            else if (!(std::isinf(ref_lse) && got_l == ref_lse))
-              max_lse_err = std::max(max_lse_err, std::fabs(got_l - ref_lse) / std::max(1.0, std::fabs(ref_lse)));
-          }
-        }
+    for (size_t e = 0; e < out_elems; ++e) {
+      const double got_v = pat::load(c.out_dtype, &out[e * dsize(c.out_dtype)]);
+      if (std::isnan(got_v)) nan = true;
+      max_err = std::max(max_err, std::fabs(got_v - ref[e]));
+      max_ref = std::max(max_ref, std::fabs(ref[e]));
+    }
+    if (c.lse) {
+      for (size_t e = 0; e < lse.size(); ++e) {
+        const double got_l = lse[e];
+        if (std::isnan(got_l)) nan = true;
+        else if (!(std::isinf(ref_lse[e]) && got_l == ref_lse[e]))
+          max_lse_err = std::max(max_lse_err, std::fabs(got_l - ref_lse[e]) / std::max(1.0, std::fabs(ref_lse[e])));
       }
     }
-    double tol = c.dtype == PAGEDATTN_DTYPE_FLOAT32 ? 1e-5 : c.dtype == PAGEDATTN_DTYPE_FLOAT16 ? 2e-3 : 2e-2;
-    if (is_fp8(c.cache_dtype)) tol = 6e-2;
+    const double tol = pat::tolerance(c.dtype, c.cache_dtype);
     const double rel = max_ref > 0 ? max_err / max_ref : max_err;
     *max_rel_out = rel;
     if (nan) fail = "NaN in the output (or a row left unwritten)";
