@@ -211,8 +211,9 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
       const pagedattn_dtype cdt = c->desc.dtype;
       const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
       if (!fp8 && cdt != dt)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype %s != cache dtype %s", pa::dtype_name(dt),
-                 pa::dtype_name(cdt));
+        pa::fail(PAGEDATTN_ERROR_UNSUPPORTED,
+                 "q dtype %s with a %s cache is not supported (the cache must be %s or fp8)",
+                 pa::dtype_name(dt), pa::dtype_name(cdt), pa::dtype_name(dt));
     }
     if (o.alibi_slopes) {
       const pagedattn_tensor& s = *o.alibi_slopes;

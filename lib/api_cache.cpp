@@ -372,8 +372,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
     const pagedattn_dtype cdt = c->desc.dtype;
     const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
     if (!fp8 && dt != cdt)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "key: dtype %s != cache dtype %s", pa::dtype_name(dt),
-               pa::dtype_name(cdt));
+      pa::fail(PAGEDATTN_ERROR_UNSUPPORTED,
+               "key dtype %s with a %s cache is not supported (the cache must be %s or fp8)",
+               pa::dtype_name(dt), pa::dtype_name(cdt), pa::dtype_name(dt));
     if (!(b->caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)))
       pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: key dtype %s is not supported (supported: %s)",
                pa::backend_name(b), pa::dtype_name(dt), pa::dtype_mask_names(b->caps.dtypes).c_str());

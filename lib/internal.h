@@ -59,17 +59,20 @@ pagedattn_status guard(F&& f) noexcept {
 /* Raises the status a backend op returned, prefixing its message with the backend's name. */
 void check_op(pagedattn_status st, const char* backend, const char* op, const char* msg);
 
-/* Reads an input struct that starts with uint32 struct_size: refuses sizes below the first
- * published layout (today's sizeof) and copies min(struct_size, sizeof) bytes, so a future
- * larger struct is read up to the fields this library knows. */
+/* Known struct sizes: from the first published layout up to this library's sizeof. Every struct
+ * is at its first layout today, so that is exactly sizeof; a size larger than this library knows
+ * (a newer caller's fields it cannot honour) is refused too. */
+void check_struct_size(uint32_t size, size_t current, const char* name);
+
+/* Reads an input struct that starts with uint32 struct_size and copies min(struct_size, sizeof)
+ * bytes over zeros, so once a struct grows, an older caller's shorter struct reads as if the new
+ * fields were zero. */
 template <class T>
 T read_struct(const T* p, const char* name) {
   if (!p) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
   uint32_t size;
   std::memcpy(&size, p, sizeof size);
-  if (size < sizeof(T))
-    fail(PAGEDATTN_ERROR_STRUCT_SIZE, "%s->struct_size = %u < minimum %zu", name, size,
-         sizeof(T));
+  check_struct_size(size, sizeof(T), name);
   T out;
   std::memset(&out, 0, sizeof out);
   std::memcpy(&out, p, size < sizeof(T) ? size : sizeof(T));
@@ -82,9 +85,7 @@ void check_out_struct(const T* p, const char* name) {
   if (!p) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
   uint32_t size;
   std::memcpy(&size, p, sizeof size);
-  if (size < sizeof(T))
-    fail(PAGEDATTN_ERROR_STRUCT_SIZE, "%s->struct_size = %u < minimum %zu", name, size,
-         sizeof(T));
+  check_struct_size(size, sizeof(T), name);
 }
 
 /* Writes `value` into an output struct: min(struct_size, sizeof) bytes, keeping the caller's

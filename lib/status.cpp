@@ -63,6 +63,17 @@ void check_op(pagedattn_status st, const char* backend, const char* op, const ch
   fail(st, "%s: %s failed with %s", backend, op, pagedattn_status_string(st));
 }
 
+void check_struct_size(uint32_t size, size_t current, const char* name) {
+  /* The first published layout of every struct is today's. */
+  const size_t first = current;
+  if (size < first)
+    fail(PAGEDATTN_ERROR_STRUCT_SIZE, "%s->struct_size = %u < minimum %zu", name, size, first);
+  if (size > current)
+    fail(PAGEDATTN_ERROR_STRUCT_SIZE,
+         "%s->struct_size = %u is not a known size (this library knows sizes %zu..%zu)", name,
+         size, first, current);
+}
+
 const char* dtype_name(pagedattn_dtype dt) noexcept {
   switch (dt) {
     case PAGEDATTN_DTYPE_FLOAT32: return "float32";
