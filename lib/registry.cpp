@@ -4,8 +4,12 @@
  * cached per name), checked for its plugin ABI and its op table, and never unloaded so its
  * function pointers stay valid for the life of the process. */
 #include <dlfcn.h>
+#include <link.h>
 #include <sys/stat.h>
 
+#include <cstdio>
+
+#include <cerrno>
 #include <cstdlib>
 #include <mutex>
 #include <vector>
@@ -105,16 +109,54 @@ const pa_backend_ops* check_table(const pa_backend_ops* ops, const char* name,
   return ops;
 }
 
+/* dlopen maps segments as the program headers say; a truncated file then faults (SIGBUS) inside
+ * the loader instead of failing. Check that every loadable segment lies within the file first.
+ * Returns "" when fine (or not an ELF file at all: dlopen reports that itself). */
+std::string elf_problem(const std::string& path, off_t file_size) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return format("cannot open: %s", std::strerror(errno));
+  std::string why;
+  ElfW(Ehdr) eh;
+  const uint64_t size = static_cast<uint64_t>(file_size);
+  if (std::fread(&eh, sizeof eh, 1, f) == 1 && std::memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
+      eh.e_ident[EI_CLASS] == (sizeof(void*) == 8 ? ELFCLASS64 : ELFCLASS32)) {
+    const uint64_t ph_end = static_cast<uint64_t>(eh.e_phoff) +
+                            static_cast<uint64_t>(eh.e_phnum) * eh.e_phentsize;
+    if (eh.e_phentsize != sizeof(ElfW(Phdr)) || ph_end > size) {
+      why = format("truncated or corrupt ELF: program headers end at %llu > file size %llu",
+                   static_cast<unsigned long long>(ph_end), static_cast<unsigned long long>(size));
+    } else {
+      for (unsigned i = 0; i < eh.e_phnum && why.empty(); ++i) {
+        ElfW(Phdr) ph;
+        if (std::fseek(f, static_cast<long>(eh.e_phoff + i * sizeof ph), SEEK_SET) != 0 ||
+            std::fread(&ph, sizeof ph, 1, f) != 1) {
+          why = "truncated or corrupt ELF: unreadable program header";
+          break;
+        }
+        const uint64_t end = static_cast<uint64_t>(ph.p_offset) + ph.p_filesz;
+        if ((ph.p_type == PT_LOAD || ph.p_type == PT_DYNAMIC) && end > size)
+          why = format("truncated or corrupt ELF: segment %u ends at byte %llu > file size %llu",
+                       i, static_cast<unsigned long long>(end),
+                       static_cast<unsigned long long>(size));
+      }
+    }
+  }
+  std::fclose(f);
+  return why;
+}
+
 void load_plugin(int32_t index, LoadResult& r) {
   const char* name = kNames[index];
   const std::string file = format("libpagedattn-%s.so", name);
   const std::vector<std::string> dirs = search_dirs();
   std::string path;
+  off_t file_size = 0;
   for (const std::string& dir : dirs) {
     const std::string candidate = dir + "/" + file;
     struct stat st;
     if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
       path = candidate;
+      file_size = st.st_size;
       break;
     }
   }
@@ -124,6 +166,12 @@ void load_plugin(int32_t index, LoadResult& r) {
     r.status = PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
     r.message = format("%s: plugin %s not found (searched: %s)", name, file.c_str(),
                        searched.empty() ? "no directories" : searched.c_str());
+    return;
+  }
+  const std::string problem = elf_problem(path, file_size);
+  if (!problem.empty()) {
+    r.status = PAGEDATTN_ERROR_PLUGIN;
+    r.message = format("%s: cannot load %s: %s", name, path.c_str(), problem.c_str());
     return;
   }
   dlerror();
