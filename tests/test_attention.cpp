@@ -3,6 +3,7 @@
 // target.
 #include <algorithm>
 #include <functional>
+#include <thread>
 
 #include "pagedattn_test_support.h"
 
@@ -313,4 +314,66 @@ TEST_F(Attention, DecodeFirstTokenAndBlockBoundaries) {
     limit_cost(c, 20'000'000);
     return c;
   });
+}
+
+TEST_F(Attention, PlannedThenUpdatedInPlace) {
+  // The batch is planned for another step with spare capacity and updated (graph replay).
+  run(16, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.via_update = true;
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 6), 40, 200, true);
+    if (i % 4 == 3) {
+      c.type = PAGEDATTN_ATTENTION_CROSS;
+      for (auto& s : c.seqs) s.enc = 1 + static_cast<int>(rng() % 60);
+    }
+    limit_cost(c, 20'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, CrossRowsWithoutEncoderTokens) {
+  // A sequence with no encoder tokens sees no key: lse -inf, out 0 (as an empty merge state).
+  run(8, [&](std::mt19937_64& rng, int) {
+    AttnCase c = base(rng);
+    c.type = PAGEDATTN_ATTENTION_CROSS;
+    c.lse = true;
+    c.seqs = {{1 + static_cast<int>(rng() % 4), 0, 0}, {1, 3, 0}, {2, 0, 1 + static_cast<int>(rng() % 40)}};
+    std::shuffle(c.seqs.begin(), c.seqs.end(), rng);
+    return c;
+  });
+}
+
+TEST_F(Attention, AllIdleBatchWritesNothing) {
+  run(3, [&](std::mt19937_64& rng, int) {
+    AttnCase c = base(rng);
+    c.seqs = {{0, 5, 0}, {0, 0, 0}, {0, 17, 0}};
+    return c;
+  });
+}
+
+TEST_F(Attention, ConcurrentForwardsOnOneBackend) {
+  // Forwards on one backend from several threads, each with its own batch, cache and outputs.
+  const uint64_t master = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(master));
+  std::mt19937_64 rng(master);
+  std::vector<AttnCase> cases;
+  std::vector<uint64_t> seeds;
+  for (int t = 0; t < 4; ++t) {
+    AttnCase c = base(rng);
+    c.seqs = pat::random_mixed_seqs(rng, 2 + static_cast<int>(rng() % 4), 30, 200, false);
+    limit_cost(c, 10'000'000);
+    cases.push_back(c);
+    seeds.push_back(rng());
+  }
+  std::vector<::testing::AssertionResult> results(4, ::testing::AssertionSuccess());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 3 && results[t]; ++rep)
+        results[t] = pat::run_attention_case(be, cases[t], seeds[t] + rep);
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t)
+    EXPECT_TRUE(results[t]) << "thread " << t << ": " << cases[t].describe() << " (case seed "
+                            << seeds[t] << ")";
 }

@@ -191,6 +191,7 @@ struct AttnCase {
   bool strided_io = false;   /* non-compact q/k/v/out/lse with byte offsets */
   bool wrap_cache = false;   /* cache over test memory with padded strides */
   bool caller_slots = false; /* pass the slot mapping in the batch desc */
+  bool via_update = false;   /* plan a different step with spare capacity, then batch_update */
   int32_t extra_blocks = 3;  /* blocks outside the batch */
   std::vector<SeqSpec> seqs;
   std::string describe() const;
