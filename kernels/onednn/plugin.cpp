@@ -33,7 +33,8 @@ namespace pa_onednn {
 namespace {
 
 constexpr int kMaxM = 256;    // query rows (tokens x heads of a GQA group) per oneDNN tile
-constexpr int kTK = 128;      // keys per oneDNN tile
+constexpr int kTK = 128;      // keys per oneDNN tile (at most; short sequences use fewer)
+constexpr int kMinTile = 16;  // smallest M and TK: tiles are powers of two from here
 constexpr int kMaxD = pa_cpu::kMaxHeadSize;
 constexpr size_t kAlign = 64;
 
@@ -41,9 +42,9 @@ void set_msg(char* msg, const char* fmt, const char* a = "", const char* b = "")
   if (msg != nullptr) snprintf(msg, PA_MSG_LEN, fmt, a, b);
 }
 
-// The two matmuls of one tile shape (M query rows, kTK keys, head size D, operand type).
+// The two matmuls of one tile shape (M query rows, TK keys, head size D, operand type).
 struct TileKernel {
-  int M = 0, D = 0;
+  int M = 0, TK = 0, D = 0;
   bool bf16 = false;
   dnnl::memory::desc q_md, kt_md, s_md, p_md, v_md, acc_md;
   dnnl::memory::desc qk_pad_md, pv_pad_md;  // scratchpads (user mode, see make_kernel)
@@ -126,19 +127,20 @@ void raw_free(Backend* b, void* ptr) {
 
 // ---- oneDNN tile kernels ----
 
-TileKernel* make_kernel(Backend* be, int M, int D, bool bf16) {
+TileKernel* make_kernel(Backend* be, int M, int TK, int D, bool bf16) {
   using dnnl::memory;
   auto* k = new TileKernel;
   k->M = M;
+  k->TK = TK;
   k->D = D;
   k->bf16 = bf16;
   const auto op = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   const auto f32 = memory::data_type::f32;
   k->q_md = memory::desc({M, D}, op, memory::format_tag::ab);
-  k->kt_md = memory::desc({D, kTK}, op, memory::format_tag::ba);  // K tile stored [kTK][D]
-  k->s_md = memory::desc({M, kTK}, f32, memory::format_tag::ab);
-  k->p_md = memory::desc({M, kTK}, op, memory::format_tag::ab);
-  k->v_md = memory::desc({kTK, D}, op, memory::format_tag::ab);
+  k->kt_md = memory::desc({D, TK}, op, memory::format_tag::ba);  // K tile stored [TK][D]
+  k->s_md = memory::desc({M, TK}, f32, memory::format_tag::ab);
+  k->p_md = memory::desc({M, TK}, op, memory::format_tag::ab);
+  k->v_md = memory::desc({TK, D}, op, memory::format_tag::ab);
   k->acc_md = memory::desc({M, D}, f32, memory::format_tag::ab);
   // User scratchpads: in library mode a primitive uses the scratchpad of the thread that created
   // it, so two workers running primitives made by one thread would share (and corrupt) it.
@@ -160,16 +162,17 @@ TileKernel* make_kernel(Backend* be, int M, int D, bool bf16) {
   return k;
 }
 
-TileMems& mems_for(Backend* be, Worker& w, int M, int D, bool bf16) {
+TileMems& mems_for(Backend* be, Worker& w, int M, int TK, int D, bool bf16) {
   for (auto& m : w.mems)
-    if (m.kernel->M == M && m.kernel->D == D && m.kernel->bf16 == bf16) return m;
+    if (m.kernel->M == M && m.kernel->TK == TK && m.kernel->D == D && m.kernel->bf16 == bf16)
+      return m;
   const TileKernel* kern = nullptr;
   {
     std::lock_guard<std::mutex> lock(be->mu);
     for (auto* k : be->kernels)
-      if (k->M == M && k->D == D && k->bf16 == bf16) kern = k;
+      if (k->M == M && k->TK == TK && k->D == D && k->bf16 == bf16) kern = k;
     if (kern == nullptr) {
-      be->kernels.push_back(make_kernel(be, M, D, bf16));
+      be->kernels.push_back(make_kernel(be, M, TK, D, bf16));
       kern = be->kernels.back();
     }
   }
@@ -216,11 +219,26 @@ const void* kv_addr(const pa_cpu::KVSource& s, bool value, int64_t pos, int32_t 
   return static_cast<const char*>(base) + off * static_cast<int64_t>(pa_cpu::elem_size(s.dtype));
 }
 
-// One work item through oneDNN: the item's (token, head) rows padded to M rows.
-void tile_item(Backend* be, Worker& w, const pa_cpu::AttnItem& it, int M, bool bf16) {
+int pow2_at_least(int64_t n, int lo, int hi) {
+  int p = lo;
+  while (p < hi && p < n) p *= 2;
+  return p;
+}
+
+// One work item through oneDNN: the item's (token, head) rows padded to M rows (a power of two,
+// so short prefills do not pay for a full 256-row tile), keys in tiles of TK.
+void tile_item(Backend* be, Worker& w, const pa_cpu::AttnItem& it, bool bf16) {
   const int D = it.head_size;
   const int nh = it.h1 - it.h0, ntok = it.tok1 - it.tok0, rows = nh * ntok;
-  TileMems& tm = mems_for(be, w, M, D, bf16);
+  const int M = pow2_at_least(rows, kMinTile, kMaxM);
+  const int64_t pos0 = static_cast<int64_t>(it.pos_offset) + it.tok0;
+  int64_t kbeg = 0, kend = it.num_keys;
+  if (it.causal) {
+    kend = std::min<int64_t>(kend, pos0 + ntok);
+    if (it.window > 0) kbeg = std::max<int64_t>(0, pos0 - it.window + 1);
+  }
+  const int TK = pow2_at_least(kend - kbeg, kMinTile, kTK);
+  TileMems& tm = mems_for(be, w, M, TK, D, bf16);
   const size_t osz = bf16 ? 2 : 4;
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t qsz = static_cast<int64_t>(pa_cpu::elem_size(it.dtype));
@@ -236,27 +254,21 @@ void tile_item(Backend* be, Worker& w, const pa_cpu::AttnItem& it, int M, bool b
   if (rows < M) memset(static_cast<char*>(w.q) + (size_t)rows * D * osz, 0, (size_t)(M - rows) * D * osz);
   memset(w.acc, 0, sizeof(float) * (size_t)M * D);
   // Padding rows of P stay zero for the whole item (softmax_tile writes real rows only).
-  if (rows < M) memset(static_cast<char*>(w.p) + (size_t)rows * kTK * osz, 0, (size_t)(M - rows) * kTK * osz);
+  if (rows < M) memset(static_cast<char*>(w.p) + (size_t)rows * TK * osz, 0, (size_t)(M - rows) * TK * osz);
   for (int r = 0; r < rows; ++r) {
     w.m[r] = kNegInf;
     w.l[r] = 0.0f;
   }
 
-  const int64_t pos0 = static_cast<int64_t>(it.pos_offset) + it.tok0;
-  int64_t kbeg = 0, kend = it.num_keys;
-  if (it.causal) {
-    kend = std::min<int64_t>(kend, pos0 + ntok);
-    if (it.window > 0) kbeg = std::max<int64_t>(0, pos0 - it.window + 1);
-  }
   const float ks = it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2
                        ? it.kv.k_scale : 1.0f;
   const float vs = it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2
                        ? it.kv.v_scale : 1.0f;
   SoftmaxTileArgs sa;
   sa.S = w.s;
-  sa.ldS = kTK;
+  sa.ldS = TK;
   sa.P = w.p;
-  sa.ldP = kTK;
+  sa.ldP = TK;
   sa.p_bf16 = bf16 ? 1 : 0;
   sa.acc = w.acc;
   sa.ldA = D;
@@ -272,12 +284,12 @@ void tile_item(Backend* be, Worker& w, const pa_cpu::AttnItem& it, int M, bool b
   sa.soft_cap = it.soft_cap;
   sa.alibi = it.alibi != nullptr ? it.alibi + it.h0 : nullptr;
 
-  for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kTK) {
-    const int nk = static_cast<int>(std::min<int64_t>(kTK, kend - kt0));
+  for (int64_t kt0 = kbeg; kt0 < kend; kt0 += TK) {
+    const int nk = static_cast<int>(std::min<int64_t>(TK, kend - kt0));
     for (int k = 0; k < nk; ++k)
       load_operand(kv_addr(it.kv, false, kt0 + k, it.kv_head), it.kv.dtype, ks,
                    static_cast<char*>(w.kt) + (size_t)k * D * osz, bf16, D);
-    if (nk < kTK) memset(static_cast<char*>(w.kt) + (size_t)nk * D * osz, 0, (size_t)(kTK - nk) * D * osz);
+    if (nk < TK) memset(static_cast<char*>(w.kt) + (size_t)nk * D * osz, 0, (size_t)(TK - nk) * D * osz);
     tm.kernel->qk.execute(w.strm, {{DNNL_ARG_SRC, tm.q}, {DNNL_ARG_WEIGHTS, tm.kt},
                                    {DNNL_ARG_DST, tm.s},
                                    {DNNL_ARG_SCRATCHPAD, tm.qk_pad}});
@@ -288,7 +300,7 @@ void tile_item(Backend* be, Worker& w, const pa_cpu::AttnItem& it, int M, bool b
       load_operand(kv_addr(it.kv, true, kt0 + k, it.kv_head), it.kv.dtype, vs,
                    static_cast<char*>(w.v) + (size_t)k * D * osz, bf16, D);
     // P is zero beyond nk, but uninitialised V rows could hold NaN bit patterns: zero them.
-    if (nk < kTK) memset(static_cast<char*>(w.v) + (size_t)nk * D * osz, 0, (size_t)(kTK - nk) * D * osz);
+    if (nk < TK) memset(static_cast<char*>(w.v) + (size_t)nk * D * osz, 0, (size_t)(TK - nk) * D * osz);
     tm.kernel->pv.execute(w.strm, {{DNNL_ARG_SRC, tm.p}, {DNNL_ARG_WEIGHTS, tm.v},
                                    {DNNL_ARG_DST, tm.acc},
                                    {DNNL_ARG_SCRATCHPAD, tm.pv_pad}});
@@ -579,7 +591,12 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   std::atomic<int> failed{0};
   std::string err;
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(b->threads)
+#pragma omp parallel num_threads(b->threads)
+  {
+  // Each primitive runs single-threaded inside this loop. oneDNN skips its own parallelism only
+  // in an active parallel region; with a team of one it would start a nested team per call.
+  omp_set_num_threads(1);
+#pragma omp for schedule(dynamic, 1)
   for (int64_t i = 0; i < total; ++i) {
     if (failed.load(std::memory_order_relaxed)) continue;
     Worker& wk = w->workers[static_cast<size_t>(omp_get_thread_num())];
@@ -656,7 +673,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     it.key1 = it.num_keys;
     try {
       if (sp.dnnl) {
-        tile_item(b, wk, it, sp.tq * sp.hc, bf16);
+        tile_item(b, wk, it, bf16);
       } else {
         pa_cpu::attention_item(b->target.index, it, wk.cpu);
       }
@@ -664,6 +681,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
       if (failed.fetch_add(1) == 0) err = e.what();
     }
   }
+  }  // omp parallel
   if (failed.load() != 0) {
     set_msg(msg, "onednn: forward failed: %s", err.c_str());
     return PAGEDATTN_ERROR_INTERNAL;
