@@ -16,7 +16,7 @@ const pagedattn_dtype kModel[] = {PAGEDATTN_DTYPE_FLOAT32, PAGEDATTN_DTYPE_FLOAT
                                   PAGEDATTN_DTYPE_BFLOAT16};
 const int kHeadSizes[] = {64, 80, 96, 112, 128, 256, 8, 40, 72, 200, 32, 120, 160, 192, 224, 16};
 const int kBlockSizes[] = {16, 8, 32, 1, 256, 2, 4, 64, 128};
-const std::pair<int, int> kHeads[] = {{4, 4}, {8, 1}, {8, 2}, {6, 2}, {16, 2}, {5, 5},
+const std::pair<int, int> kHeads[] = {{4, 4}, {8, 1}, {8, 2}, {6, 2}, {16, 2}, {5, 5}, {8, 4}, {12, 2},
                                       {12, 4}, {10, 2}, {7, 1}, {3, 3}};
 
 template <class T, size_t N>
@@ -131,7 +131,7 @@ TEST_F(Attention, DecodeGrid) {
     c.dtype = kModel[i % 3];
     c.D = kHeadSizes[i % 16];
     c.block_size = kBlockSizes[i % 9];
-    const auto hh = kHeads[i % 10];
+    const auto hh = kHeads[i % 12];
     c.H = hh.first;
     c.Hkv = hh.second;
     if (i % 4 == 3) c.cache_dtype = i % 8 == 3 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_FP8_E5M2;
