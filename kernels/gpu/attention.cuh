@@ -12,6 +12,11 @@
 #include "gpu_kernels.h"
 #include "types.cuh"
 
+#if defined(PA_CUDA)
+#include <cuda_bf16.h>
+#include <mma.h>
+#endif
+
 namespace pagedattn_gpu {
 
 // Loads 8 consecutive elements at p (aligned to 8 * sizeof(T)) as floats.
@@ -306,8 +311,274 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   }
 }
 
+
+#if defined(PA_CUDA)
+// ---------------------------------------------------------------------------------------------
+// Prefill on tensor cores (sm_80+, WMMA 16x16x16): the same tiles and online softmax as above,
+// with S = Q.K^T and O += P.V as bf16/f16 matrix products accumulating in float32. Q, K, V and P
+// are staged in shared memory as the query type; O lives in shared memory (float32) so the
+// softmax can rescale its rows between chunks.
+template <typename T> struct WmmaType;
+template <> struct WmmaType<f16_t> { using type = __half; };
+template <> struct WmmaType<bf16_t> { using type = __nv_bfloat16; };
+
+template <int DMAX>
+struct MmaLayout {
+  static constexpr int kR = 64;                          // rows per CTA
+  static constexpr int kNT = 256;                        // 8 warps
+  static constexpr int kChunk = DMAX <= 128 ? 64 : 32;
+  static constexpr int kDP = ((DMAX + 15) / 16) * 16;    // staged head size (zero padded)
+  static constexpr int kLdT = kDP + 8;                   // Q/K/V row, elements (16-byte pad)
+  static constexpr int kLdS = kChunk + 4;                // score row, floats
+  static constexpr int kLdP = kChunk + 8;                // probability row, elements
+  static constexpr int kLdO = kDP + 4;                   // output row, floats
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kK = kQ + 2u * kR * kLdT;
+  static constexpr size_t kV = kK + 2u * kChunk * kLdT;
+  static constexpr size_t kS = kV + 2u * kChunk * kLdT;
+  static constexpr size_t kP = kS + 4u * kR * kLdS;
+  static constexpr size_t kO = kP + 2u * kR * kLdP;
+  static constexpr size_t kM = kO + 4u * kR * kLdO;
+  static constexpr size_t kBytes = kM + 4u * 3 * kR;
+};
+
+// Loads 8 key/value elements (aligned when vec allows) and stores them as 8 T.
+template <typename T, typename KT>
+__device__ __forceinline__ void stage8(T* dst, const KT* src, bool aligned) {
+  float f[8];
+  if (aligned) {
+    load8<KT>(src, f);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = to_float(src[e]);
+  }
+  __align__(16) T o[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = from_float<T>(f[e]);
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(o);
+}
+
+template <typename T, typename KT, int DMAX>
+__global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) {
+  using namespace nvcuda;
+  using L = MmaLayout<DMAX>;
+  using W = typename WmmaType<T>::type;
+  constexpr int R = L::kR, NT = L::kNT, CHUNK = L::kChunk, DP = L::kDP;
+  constexpr int LDT = L::kLdT, LDS = L::kLdS, LDP = L::kLdP, LDO = L::kLdO;
+  const float kNegInf = -INFINITY;
+
+  if (static_cast<int32_t>(blockIdx.x) >= *p.num_items) return;
+  const WorkItem it = p.items[blockIdx.x];
+
+  extern __shared__ __align__(128) char mma_smem[];
+  char* smem_raw = mma_smem;
+  T* qs = reinterpret_cast<T*>(smem_raw + L::kQ);
+  T* ks = reinterpret_cast<T*>(smem_raw + L::kK);
+  T* vs = reinterpret_cast<T*>(smem_raw + L::kV);
+  float* ss = reinterpret_cast<float*>(smem_raw + L::kS);
+  T* ps = reinterpret_cast<T*>(smem_raw + L::kP);
+  float* os = reinterpret_cast<float*>(smem_raw + L::kO);
+  float* m_s = reinterpret_cast<float*>(smem_raw + L::kM);
+  float* l_s = m_s + R;
+  float* a_s = l_s + R;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int D = p.head_size;
+  const int hpc = p.heads_per_cta;
+  const int nhg = (p.group + hpc - 1) / hpc;
+  const int kvh = blockIdx.y / nhg;
+  const int g0 = (blockIdx.y % nhg) * hpc;
+  const int gh = min(hpc, p.group - g0);
+  const int h0 = kvh * p.group + g0;
+  const int seq = it.seq;
+  const int qlen = p.query_lens[seq];
+  const int ctx = (p.kind == kDecoder) ? p.context_lens[seq] : 0;
+  const int row0 = p.query_start[seq] + it.t0;
+  const int rows_used = it.tlen * hpc;
+  const int row_tiles = (rows_used + 15) / 16;
+  const int dtiles = (D + 15) / 16;
+
+  int kv_len;
+  if (p.kind == kDecoder) kv_len = ctx + qlen;
+  else if (p.kind == kEncoder) kv_len = qlen;
+  else kv_len = p.encoder_lens[seq];
+  int lo = max(it.kv_begin, 0);
+  int hi = min(it.kv_end, kv_len);
+  const int pos_first = ctx + it.t0;
+  if (p.kind == kDecoder) {
+    hi = min(hi, pos_first + it.tlen);
+    if (p.window > 0) lo = max(lo, pos_first - p.window + 1);
+  }
+
+  for (int i = tid; i < R * DP; i += NT) {
+    const int r = i / DP, d = i % DP;
+    const int ti = r / hpc, gi = r % hpc;
+    float x = 0.f;
+    if (r < rows_used && gi < gh && d < D)
+      x = to_float(static_cast<const T*>(p.q)[static_cast<int64_t>(row0 + ti) * p.q_row +
+                                               static_cast<int64_t>(h0 + gi) * p.q_head + d]);
+    qs[r * LDT + d] = from_float<T>(x);
+    os[r * LDO + d] = 0.f;
+  }
+  for (int r = tid; r < R; r += NT) {
+    m_s[r] = kNegInf;
+    l_s[r] = 0.f;
+  }
+  const bool aligned = p.kv.vec >= static_cast<int>(8 * sizeof(KT)) || p.kv.vec == 16;
+  const int groups = DP / 8;
+
+  for (int c0 = lo; c0 < hi; c0 += CHUNK) {
+    const int nk = min(CHUNK, hi - c0);
+    __syncthreads();
+    // Stage K and V (as T), zero beyond the head size and beyond the last key.
+    for (int i = tid; i < CHUNK * groups; i += NT) {
+      const int key = i / groups, d0 = (i % groups) * 8;
+      T* kd = ks + key * LDT + d0;
+      T* vd = vs + key * LDT + d0;
+      if (key < nk && d0 < D) {
+        const int pos = c0 + key;
+        int64_t koff, voff;
+        if (p.kv.paged) {
+          const int blk = p.kv.tables[static_cast<int64_t>(seq) * p.kv.table_stride + pos / p.kv.block_size];
+          koff = static_cast<int64_t>(blk) * p.kv.block_stride +
+                 static_cast<int64_t>(pos % p.kv.block_size) * p.kv.slot_stride +
+                 static_cast<int64_t>(kvh) * p.kv.head_stride;
+          voff = koff;
+        } else {
+          const int64_t row = p.query_start[seq] + pos;
+          koff = row * p.kv.slot_stride + static_cast<int64_t>(kvh) * p.kv.head_stride;
+          voff = row * p.kv.v_slot_stride + static_cast<int64_t>(kvh) * p.kv.v_head_stride;
+        }
+        stage8<T, KT>(kd, static_cast<const KT*>(p.kv.k) + koff + d0, aligned);
+        stage8<T, KT>(vd, static_cast<const KT*>(p.kv.v) + voff + d0, aligned);
+      } else {
+        *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    __syncthreads();
+
+    // S = Q.K^T, one 16x16 tile per warp step.
+    for (int t = warp; t < row_tiles * (CHUNK / 16); t += NT / 32) {
+      const int ti = t / (CHUNK / 16), tj = t % (CHUNK / 16);
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.f);
+      for (int kk = 0; kk < dtiles; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> b;
+        wmma::load_matrix_sync(a, reinterpret_cast<const W*>(qs + ti * 16 * LDT + kk * 16), LDT);
+        wmma::load_matrix_sync(b, reinterpret_cast<const W*>(ks + tj * 16 * LDT + kk * 16), LDT);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(ss + ti * 16 * LDS + tj * 16, acc, LDS, wmma::mem_row_major);
+    }
+    __syncthreads();
+
+    // Scale, soft cap, ALiBi, masks; then the online softmax, one warp per row.
+    for (int i = tid; i < rows_used * CHUNK; i += NT) {
+      const int r = i / CHUNK, key = i % CHUNK;
+      const int ti = r / hpc, gi = r % hpc;
+      float s = kNegInf;
+      if (key < nk && gi < gh) {
+        s = ss[r * LDS + key] * p.scale;
+        if (p.soft_cap > 0.f) s = p.soft_cap * tanhf(s / p.soft_cap);
+        const int kpos = c0 + key, qpos = pos_first + ti;
+        if (p.alibi) s += p.alibi[h0 + gi] * static_cast<float>(kpos - qpos);
+        if (p.kind == kDecoder && (kpos > qpos || (p.window > 0 && qpos - kpos >= p.window)))
+          s = kNegInf;
+      }
+      ss[r * LDS + key] = s;
+    }
+    __syncthreads();
+    for (int r = warp; r < row_tiles * 16; r += NT / 32) {
+      if (r >= rows_used) {  // rows of the last tile past the used ones: zero probabilities
+        for (int k = lane; k < CHUNK; k += 32) ps[r * LDP + k] = from_float<T>(0.f);
+        if (lane == 0) a_s[r] = 0.f;
+        continue;
+      }
+      float mx = kNegInf;
+      for (int k = lane; k < CHUNK; k += 32) mx = fmaxf(mx, ss[r * LDS + k]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, PA_SHFL_XOR(mx, o));
+      const float m_old = m_s[r];
+      const float m_new = fmaxf(m_old, mx);
+      float sum = 0.f;
+      for (int k = lane; k < CHUNK; k += 32) {
+        const float s = ss[r * LDS + k];
+        const float e = (s == kNegInf) ? 0.f : __expf(s - m_new);
+        ps[r * LDP + k] = from_float<T>(e);
+        sum += e;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) sum += PA_SHFL_XOR(sum, o);
+      if (lane == 0) {
+        const float alpha = (m_old == kNegInf) ? 0.f : __expf(m_old - m_new);
+        l_s[r] = l_s[r] * alpha + sum;
+        m_s[r] = m_new;
+        a_s[r] = alpha;
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < row_tiles * 16 * DP; i += NT) {
+      const int r = i / DP, d = i % DP;
+      os[r * LDO + d] *= a_s[r];
+    }
+    __syncthreads();
+
+    // O += P.V
+    for (int t = warp; t < row_tiles * dtiles; t += NT / 32) {
+      const int ti = t / dtiles, tj = t % dtiles;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      float* o = os + ti * 16 * LDO + tj * 16;
+      wmma::load_matrix_sync(acc, o, LDO, wmma::mem_row_major);
+      for (int kk = 0; kk < CHUNK / 16; ++kk) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> b;
+        wmma::load_matrix_sync(a, reinterpret_cast<const W*>(ps + ti * 16 * LDP + kk * 16), LDP);
+        wmma::load_matrix_sync(b, reinterpret_cast<const W*>(vs + kk * 16 * LDT + tj * 16), LDT);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(o, acc, LDO, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+
+  for (int i = tid; i < rows_used * D; i += NT) {
+    const int r = i / D, d = i % D;
+    const int ti = r / hpc, gi = r % hpc;
+    if (gi >= gh) continue;
+    const float l = l_s[r];
+    const int h = h0 + gi;
+    T* out = static_cast<T*>(p.out) + static_cast<int64_t>(row0 + ti) * p.o_row + h * p.o_head;
+    out[d] = from_float<T>(l > 0.f ? os[r * LDO + d] * (p.v_scale / l) : 0.f);
+    if (d == 0 && p.lse)
+      p.lse[static_cast<int64_t>(row0 + ti) * p.lse_row + h * p.lse_head] =
+          (l > 0.f) ? m_s[r] + logf(l) : kNegInf;
+  }
+}
+
+template <typename T, typename KT, int DMAX>
+gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
+  using L = MmaLayout<DMAX>;
+  auto kernel = attention_mma_kernel<T, KT, DMAX>;
+  static const gpuError_t attr = gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(L::kBytes));
+  if (attr != gpuSuccess) return attr;
+  const int nhg = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
+  dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_kv_heads * nhg));
+  kernel<<<grid, L::kNT, L::kBytes, stream>>>(p);
+  return gpuGetLastError();
+}
+#endif  // PA_CUDA
+
 template <typename T, typename KT, int DMAX, bool DECODE>
 gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
+#if defined(PA_CUDA)
+  // Prefill tiles of 16-bit queries go to the tensor cores.
+  if constexpr (!DECODE && sizeof(T) == 2) {
+    return launch_attention_mma<T, KT, DMAX>(max_items, p, stream);
+  }
+#endif
   constexpr int R = DECODE ? kDecodeRows : kPrefillRows;
   constexpr int NT = DECODE ? 128 : 256;
   constexpr int CHUNK = AttnLayout<KT, DMAX>::kChunk;
