@@ -5,8 +5,7 @@
 // masked online softmax in our own Highway code (softmax_tile.cpp), then O += P V with a sum
 // post-op. bf16 operands (f32 accumulate) where the CPU has native bf16 and the inputs are bf16,
 // f32 otherwise. Decode rows, cache writes, copies and merges reuse the CPU kernels
-// (kernels/cpu). Threads: OpenMP, the runtime Debian's oneDNN is built with; primitives run
-// single-threaded inside our parallel loop (oneDNN does not nest).
+// (kernels/cpu). Threads: our own pool (pool.h); each worker runs primitives single-threaded.
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +25,7 @@
 #include "../cpu/convert.h"
 #include "../cpu/kernels.h"
 #include "onednn_internal.h"
+#include "pool.h"
 
 #define PA_ONEDNN_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -75,6 +75,7 @@ struct Worker {
 struct Backend {
   pa_cpu::Target target;
   int threads = 1;
+  Pool* pool = nullptr;
   bool bf16 = false;       // native bf16 matmul available
   int min_query = 16;      // sequences with query_len >= this use the oneDNN tiles
   uint64_t memory_limit = 0;
@@ -349,6 +350,7 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     if (mq != nullptr && atoi(mq) >= 1) b->min_query = atoi(mq);
     b->eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
     b->bf16 = native_bf16(b->eng);
+    b->pool = new Pool(b->threads);
   } catch (const dnnl::error& e) {
     delete b;
     set_msg(msg, "onednn: oneDNN failed to initialise: %s", e.what());
@@ -366,6 +368,7 @@ void destroy(void* state) {
   auto* b = static_cast<Backend*>(state);
   if (b == nullptr) return;
   for (auto* k : b->kernels) delete k;
+  delete b->pool;
   delete b;
 }
 
@@ -403,39 +406,33 @@ void free_op(void* state, void* ptr, int32_t /*host*/) { raw_free(static_cast<Ba
 
 pagedattn_status cache_write(void* state, const pa_write_args* a, char* /*msg*/) {
   auto* b = static_cast<Backend*>(state);
-  const int64_t n = a->n;
-  const int nt = static_cast<int>(std::min<int64_t>(b->threads, std::max<int64_t>(1, n / 16)));
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    pa_cpu::cache_write_rows(b->target.index, *a, n * t / T, n * (t + 1) / T);
-  }
+  const int64_t n = a->n, chunk = 64;
+  b->pool->run((n + chunk - 1) / chunk, [&](int, int64_t i) {
+    pa_cpu::cache_write_rows(b->target.index, *a, i * chunk, std::min(n, (i + 1) * chunk));
+  });
   return PAGEDATTN_OK;
 }
 
 pagedattn_status copy_blocks(void* state, const pa_cache* c, const int32_t* pairs, size_t n,
                              void* /*stream*/, char* /*msg*/) {
   auto* b = static_cast<Backend*>(state);
-  const int64_t total = static_cast<int64_t>(n) * c->num_layers;
-#pragma omp parallel for schedule(static) num_threads(b->threads)
-  for (int64_t i = 0; i < total; ++i) {
+  b->pool->run(static_cast<int64_t>(n) * c->num_layers, [&](int, int64_t i) {
     const size_t p = static_cast<size_t>(i / c->num_layers);
     if (pairs[2 * p] != pairs[2 * p + 1])
-      pa_cpu::copy_block(*c, pairs[2 * p + 1], *c, pairs[2 * p], static_cast<int32_t>(i % c->num_layers));
-  }
+      pa_cpu::copy_block(*c, pairs[2 * p + 1], *c, pairs[2 * p],
+                         static_cast<int32_t>(i % c->num_layers));
+  });
   return PAGEDATTN_OK;
 }
 
 pagedattn_status swap_blocks(void* state, const pa_cache* dst, const pa_cache* src,
                              const int32_t* pairs, size_t n, void* /*stream*/, char* /*msg*/) {
   auto* b = static_cast<Backend*>(state);
-  const int64_t total = static_cast<int64_t>(n) * src->num_layers;
-#pragma omp parallel for schedule(static) num_threads(b->threads)
-  for (int64_t i = 0; i < total; ++i) {
+  b->pool->run(static_cast<int64_t>(n) * src->num_layers, [&](int, int64_t i) {
     const size_t p = static_cast<size_t>(i / src->num_layers);
     pa_cpu::copy_block(*dst, pairs[2 * p + 1], *src, pairs[2 * p],
                        static_cast<int32_t>(i % src->num_layers));
-  }
+  });
   return PAGEDATTN_OK;
 }
 
@@ -591,15 +588,9 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   std::atomic<int> failed{0};
   std::string err;
 
-#pragma omp parallel num_threads(b->threads)
-  {
-  // Each primitive runs single-threaded inside this loop. oneDNN skips its own parallelism only
-  // in an active parallel region; with a team of one it would start a nested team per call.
-  omp_set_num_threads(1);
-#pragma omp for schedule(dynamic, 1)
-  for (int64_t i = 0; i < total; ++i) {
-    if (failed.load(std::memory_order_relaxed)) continue;
-    Worker& wk = w->workers[static_cast<size_t>(omp_get_thread_num())];
+  b->pool->run(total, [&](int worker, int64_t i) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    Worker& wk = w->workers[static_cast<size_t>(worker)];
     const int s = static_cast<int>(
         std::upper_bound(w->prefix.begin(), w->prefix.begin() + bt.num_seqs + 1, i) -
         w->prefix.begin() - 1);
@@ -680,8 +671,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     } catch (const std::exception& e) {
       if (failed.fetch_add(1) == 0) err = e.what();
     }
-  }
-  }  // omp parallel
+  });
   if (failed.load() != 0) {
     set_msg(msg, "onednn: forward failed: %s", err.c_str());
     return PAGEDATTN_ERROR_INTERNAL;
@@ -691,13 +681,10 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
 
 pagedattn_status merge_states(void* state, const pa_merge_args* a, char* /*msg*/) {
   auto* b = static_cast<Backend*>(state);
-  const int64_t n = a->out.rows;
-  const int nt = static_cast<int>(std::min<int64_t>(b->threads, std::max<int64_t>(1, n / 8)));
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), T = omp_get_num_threads();
-    pa_cpu::merge_rows(b->target.index, *a, n * t / T, n * (t + 1) / T);
-  }
+  const int64_t n = a->out.rows, chunk = 16;
+  b->pool->run((n + chunk - 1) / chunk, [&](int, int64_t i) {
+    pa_cpu::merge_rows(b->target.index, *a, i * chunk, std::min(n, (i + 1) * chunk));
+  });
   return PAGEDATTN_OK;
 }
 

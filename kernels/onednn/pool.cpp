@@ -1,0 +1,66 @@
+#include "pool.h"
+
+#include <omp.h>
+
+namespace pa_onednn {
+
+Pool::Pool(int threads) {
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { loop(i); });
+}
+
+Pool::~Pool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_work_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void Pool::drain(int index) {
+  for (int64_t i; (i = next_.fetch_add(1, std::memory_order_relaxed)) < total_;) (*job_)(index, i);
+}
+
+void Pool::loop(int index) {
+  // oneDNN (OpenMP build) would start a team per primitive from this thread otherwise.
+  omp_set_num_threads(1);
+  uint64_t seen = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_work_.wait(lock, [&] { return stop_ || gen_ != seen; });
+    if (stop_) return;
+    seen = gen_;
+    if (job_ == nullptr) continue;  // woke after that job finished
+    ++active_;
+    lock.unlock();
+    drain(index);
+    lock.lock();
+    if (--active_ == 0) cv_done_.notify_all();
+  }
+}
+
+void Pool::run(int64_t total, const std::function<void(int, int64_t)>& fn) {
+  if (total <= 0) return;
+  std::lock_guard<std::mutex> run_lock(run_mu_);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const bool fan_out = !workers_.empty() && total > 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = &fn;
+    total_ = total;
+    next_.store(0);
+    if (fan_out) ++gen_;
+  }
+  if (fan_out) cv_work_.notify_all();
+  drain(0);
+  {
+    // Items are all taken; wait only for workers still running one.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_done_.wait(lock, [&] { return active_ == 0; });
+    job_ = nullptr;
+  }
+  omp_set_num_threads(saved);
+}
+
+}  // namespace pa_onednn
