@@ -36,6 +36,7 @@ typedef struct config {
   int prompt_min, prompt_max, output_min, output_max;
   uint64_t seed;
   const char* backend;
+  pagedattn_layout layout;
 } config;
 
 static void usage(FILE* f) {
@@ -50,6 +51,7 @@ static void usage(FILE* f) {
           "  --budget N       tokens per step (default 512)\n"
           "  --max-seqs N     sequences per step (default 64)\n"
           "  --blocks N       cache blocks (default 512)\n"
+          "  --layout L       cache layout: nhd or hnd (default nhd)\n"
           "  --check-every N  float64 spot check every N steps (default 8; 0: never)\n"
           "  --quiet          no per-step lines\n"
           "Model: %d query heads, %d KV heads, head size %d, block size %d, bfloat16.\n",
@@ -82,6 +84,8 @@ static int parse_args(int argc, char** argv, config* c) {
       continue;
     } else if (!strcmp(a, "--backend") && v) {
       c->backend = v;
+    } else if (!strcmp(a, "--layout") && v && (!strcmp(v, "nhd") || !strcmp(v, "hnd"))) {
+      c->layout = !strcmp(v, "hnd") ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
     } else if (!strcmp(a, "--layers")) {
       ok = parse_int(a, v, 1, 256, &c->layers);
     } else if (!strcmp(a, "--steps")) {
@@ -302,12 +306,15 @@ static check_result spot_check(const engine* e, pagedattn_kv_cache* cache, const
               pagedattn_kv_cache_read_blocks(cache, r->table, (size_t)nblk, readback,
                                              (size_t)nblk * bytes_per_block, NULL)))
     return res;
-  /* read_blocks' format: per block, per layer, the K block then the V block (NHD order). */
+  /* read_blocks' format: per block, per layer, the K block then the V block, each in the cache's
+   * layout order (NHD: slot, head, dim; HND: head, slot, dim). */
   const size_t block_elems = (size_t)BLOCK_SIZE * NUM_KV_HEADS * HEAD_SIZE;
   const size_t per_block = (size_t)e->cfg.layers * 2 * block_elems;
-#define CACHE_AT(kv, t, h) \
+  const int hnd = e->cfg.layout == PAGEDATTN_LAYOUT_HND;
+#define CACHE_AT(kv, t, h)                                                                     \
   (readback + (size_t)((t) / BLOCK_SIZE) * per_block + ((size_t)layer * 2 + (kv)) * block_elems + \
-   ((size_t)((t) % BLOCK_SIZE) * NUM_KV_HEADS + (size_t)(h)) * HEAD_SIZE)
+   (hnd ? (size_t)(h) * BLOCK_SIZE + (size_t)((t) % BLOCK_SIZE)                                 \
+        : (size_t)((t) % BLOCK_SIZE) * NUM_KV_HEADS + (size_t)(h)) * HEAD_SIZE)
 
   for (int h = 0; h < NUM_KV_HEADS; ++h) {
     if (memcmp(CACHE_AT(0, pos, h), k_new + ((size_t)row * NUM_KV_HEADS + h) * HEAD_SIZE,
@@ -355,7 +362,7 @@ int main(int argc, char** argv) {
   config cfg = {.layers = 4, .max_steps = 0, .threads = 0, .requests = 32, .budget = 512,
                 .max_seqs = 64, .blocks = 512, .check_every = 8, .quiet = 0,
                 .prompt_min = 16, .prompt_max = 512, .output_min = 8, .output_max = 64,
-                .seed = 1, .backend = "cpu"};
+                .seed = 1, .backend = "cpu", .layout = PAGEDATTN_LAYOUT_NHD};
   int pr = parse_args(argc, argv, &cfg);
   if (pr <= 0) return pr == 0 ? 0 : 2;
 
@@ -436,7 +443,7 @@ int main(int argc, char** argv) {
   cdesc.num_kv_heads = NUM_KV_HEADS;
   cdesc.head_size = HEAD_SIZE;
   cdesc.dtype = PAGEDATTN_DTYPE_BFLOAT16;
-  cdesc.layout = PAGEDATTN_LAYOUT_NHD;
+  cdesc.layout = cfg.layout;
   uint64_t bytes_per_block = 0;
   if (!report("pagedattn_kv_cache_bytes_per_block",
               pagedattn_kv_cache_bytes_per_block(&bytes_per_block, &cdesc)) ||
@@ -447,9 +454,10 @@ int main(int argc, char** argv) {
          caps.max_num_threads);
   printf("model: %d layers, %d query heads, %d KV heads, head size %d, bfloat16\n", cfg.layers,
          NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE);
-  printf("cache: %d blocks of %d tokens, %.1f MiB; %d requests (prompts %d-%d, outputs %d-%d), "
+  printf("cache: %s, %d blocks of %d tokens, %.1f MiB; %d requests (prompts %d-%d, outputs %d-%d), "
          "%d tokens/step, seed %llu\n",
-         cfg.blocks, BLOCK_SIZE, (double)bytes_per_block * cfg.blocks / (1024.0 * 1024.0),
+         cfg.layout == PAGEDATTN_LAYOUT_HND ? "HND" : "NHD", cfg.blocks, BLOCK_SIZE,
+         (double)bytes_per_block * cfg.blocks / (1024.0 * 1024.0),
          cfg.requests, cfg.prompt_min, cfg.prompt_max, cfg.output_min, cfg.output_max,
          cfg.budget, (unsigned long long)cfg.seed);
 
