@@ -1,0 +1,373 @@
+// Failure modes: out of memory on cache and batch creation (the backend's memory_limit, and
+// absurd sizes) is a status, never a crash, and leaves nothing behind: the limit's accounting is
+// intact afterwards and (under scripts/sanitize) LeakSanitizer sees no leak. Plugin files that
+// are missing/truncated/not ELF/wrong ABI/failing init are covered per process in tests/plugins.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pagedattn_test_support.h"
+
+namespace {
+
+pagedattn_backend* limited_backend(uint64_t limit) {
+  pagedattn_backend_options o;
+  pagedattn_backend_options_init(&o);
+  o.num_threads = 1;
+  o.memory_limit = limit;
+  pagedattn_backend* be = nullptr;
+  EXPECT_EQ(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_OK) << pagedattn_last_error();
+  return be;
+}
+
+pagedattn_kv_cache_desc geometry(int32_t blocks) {
+  pagedattn_kv_cache_desc d;
+  pagedattn_kv_cache_desc_init(&d);
+  d.num_layers = 2;
+  d.num_blocks = blocks;
+  d.block_size = 16;
+  d.num_kv_heads = 2;
+  d.head_size = 64;
+  d.dtype = PAGEDATTN_DTYPE_FLOAT32;
+  return d;
+}
+
+bool message_has(const char* needle) {
+  return std::string(pagedattn_last_error()).find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+// Over the limit: OUT_OF_MEMORY naming the limit, *out untouched; failures do not eat into the
+// limit, and destroying caches gives their bytes back.
+TEST(FailureModes, CacheOverMemoryLimit) {
+  auto d = geometry(1);
+  uint64_t bpb = 0;
+  ASSERT_EQ(pagedattn_kv_cache_bytes_per_block(&bpb, &d), PAGEDATTN_OK);
+  const int32_t fit = 8;
+  pagedattn_backend* be = limited_backend(bpb * fit);
+  ASSERT_NE(be, nullptr);
+  auto* const sentinel = reinterpret_cast<pagedattn_kv_cache*>(uintptr_t{0x1230});
+  for (int rep = 0; rep < 20; ++rep) {
+    pagedattn_kv_cache* c = sentinel;
+    d = geometry(fit + 1 + rep);
+    ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_OUT_OF_MEMORY)
+        << pagedattn_last_error();
+    EXPECT_EQ(c, sentinel) << "*out written on failure";
+    EXPECT_TRUE(message_has("memory_limit")) << pagedattn_last_error();
+  }
+  // The whole limit is still available, in one cache or in several; and again after destroy.
+  for (int rep = 0; rep < 3; ++rep) {
+    pagedattn_kv_cache* a = nullptr;
+    pagedattn_kv_cache* b = nullptr;
+    pagedattn_kv_cache* extra = nullptr;
+    d = geometry(fit / 2);
+    ASSERT_EQ(pagedattn_kv_cache_create(&a, be, &d), PAGEDATTN_OK) << pagedattn_last_error();
+    ASSERT_EQ(pagedattn_kv_cache_create(&b, be, &d), PAGEDATTN_OK) << pagedattn_last_error();
+    d = geometry(1);
+    EXPECT_EQ(pagedattn_kv_cache_create(&extra, be, &d), PAGEDATTN_ERROR_OUT_OF_MEMORY);
+    EXPECT_EQ(extra, nullptr);
+    pagedattn_kv_cache_destroy(a);
+    pagedattn_kv_cache_destroy(b);
+    d = geometry(fit);
+    ASSERT_EQ(pagedattn_kv_cache_create(&a, be, &d), PAGEDATTN_OK) << pagedattn_last_error();
+    pagedattn_kv_cache_destroy(a);
+  }
+  pagedattn_backend_destroy(be);
+}
+
+// A cache far larger than any machine, without a limit: OUT_OF_MEMORY (or OVERFLOW), no crash.
+TEST(FailureModes, AbsurdCacheWithoutLimit) {
+  pagedattn_backend* be = limited_backend(0);
+  ASSERT_NE(be, nullptr);
+  pagedattn_kv_cache_desc d = geometry(1 << 30);  // 2^30 blocks x 256 KiB = 2^48 bytes
+  d.block_size = 256;
+  d.num_kv_heads = 4;
+  pagedattn_kv_cache* c = nullptr;
+  const pagedattn_status st = pagedattn_kv_cache_create(&c, be, &d);
+  EXPECT_TRUE(st == PAGEDATTN_ERROR_OUT_OF_MEMORY || st == PAGEDATTN_ERROR_OVERFLOW)
+      << pagedattn_status_string(st) << ": " << pagedattn_last_error();
+  EXPECT_EQ(c, nullptr);
+  // Still fully usable.
+  d = geometry(4);
+  ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_OK) << pagedattn_last_error();
+  pagedattn_kv_cache_destroy(c);
+  pagedattn_backend_destroy(be);
+}
+
+// Batch capacities for graph replay far beyond memory: an error, not a crash or a multi-GB
+// allocation, and the backend keeps working.
+TEST(FailureModes, AbsurdBatchCapacities) {
+  pagedattn_backend* be = limited_backend(0);
+  ASSERT_NE(be, nullptr);
+  pagedattn_kv_cache_desc cd = geometry(16);
+  pagedattn_kv_cache* c = nullptr;
+  ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &cd), PAGEDATTN_OK) << pagedattn_last_error();
+  const int32_t ql[1] = {3}, cl[1] = {5}, table[1] = {2};
+  pagedattn_batch_desc bd;
+  pagedattn_batch_desc_init(&bd);
+  bd.num_seqs = 1;
+  bd.query_lens = ql;
+  bd.context_lens = cl;
+  bd.block_tables = table;
+  bd.block_table_stride = 1;
+  bd.max_num_seqs = INT32_MAX;
+  bd.max_blocks_per_seq = INT32_MAX;
+  bd.max_num_tokens = INT32_MAX;
+  bd.max_seq_len = INT64_MAX / 2;
+  auto* const sentinel = reinterpret_cast<pagedattn_batch*>(uintptr_t{0x4560});
+  pagedattn_batch* b = sentinel;
+  const pagedattn_status st = pagedattn_batch_create(&b, be, c, nullptr, &bd);
+  EXPECT_TRUE(st == PAGEDATTN_ERROR_OUT_OF_MEMORY || st == PAGEDATTN_ERROR_OVERFLOW ||
+              st == PAGEDATTN_ERROR_INVALID_ARGUMENT)
+      << pagedattn_status_string(st) << ": " << pagedattn_last_error();
+  EXPECT_EQ(b, sentinel) << "*out written on failure";
+  bd.max_num_seqs = bd.max_blocks_per_seq = 0;
+  bd.max_num_tokens = bd.max_seq_len = 0;
+  b = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&b, be, c, nullptr, &bd), PAGEDATTN_OK)
+      << pagedattn_last_error();
+  pagedattn_batch_destroy(b);
+  pagedattn_kv_cache_destroy(c);
+  pagedattn_backend_destroy(be);
+}
+
+// backend.h: memory_limit bounds "caches and batch workspaces". A batch whose planned capacity
+// needs more than the limit must be refused with OUT_OF_MEMORY.
+TEST(FailureModes, BatchWorkspaceOverMemoryLimit) {
+  pagedattn_backend* be = limited_backend(1 << 20);
+  ASSERT_NE(be, nullptr);
+  pagedattn_kv_cache_desc cd = geometry(4);
+  pagedattn_kv_cache* c = nullptr;
+  ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &cd), PAGEDATTN_OK) << pagedattn_last_error();
+  const int32_t ql[1] = {1}, cl[1] = {0}, table[1] = {0};
+  pagedattn_batch_desc bd;
+  pagedattn_batch_desc_init(&bd);
+  bd.num_seqs = 1;
+  bd.query_lens = ql;
+  bd.context_lens = cl;
+  bd.block_tables = table;
+  bd.block_table_stride = 1;
+  // 65536 sequences x 4096 table entries x 4 bytes = 1 GiB of tables alone.
+  bd.max_num_seqs = 1 << 16;
+  bd.max_blocks_per_seq = 1 << 12;
+  bd.max_num_tokens = 1 << 16;
+  pagedattn_batch* b = nullptr;
+  const pagedattn_status st = pagedattn_batch_create(&b, be, c, nullptr, &bd);
+  EXPECT_EQ(st, PAGEDATTN_ERROR_OUT_OF_MEMORY)
+      << pagedattn_status_string(st) << ": " << pagedattn_last_error();
+  pagedattn_batch_destroy(b);
+  pagedattn_kv_cache_destroy(c);
+  pagedattn_backend_destroy(be);
+}
+
+// Errors stay useful: a sample of bad calls across the API, each message naming the offending
+// argument and its value. Every message is printed, so the log doubles as a review sample.
+namespace {
+
+struct BadCall {
+  const char* what;
+  pagedattn_status want;
+  std::vector<std::string> needles;  // all must appear in the message
+  std::function<pagedattn_status()> call;
+};
+
+}  // namespace
+
+TEST(ErrorMessages, NameTheArgumentAndValue) {
+  pagedattn_backend* be = limited_backend(0);
+  ASSERT_NE(be, nullptr);
+  pagedattn_kv_cache_desc cd = geometry(8);  // Hkv 2, D 64, bs 16, f32, 2 layers
+  pagedattn_kv_cache* c = nullptr;
+  ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &cd), PAGEDATTN_OK);
+  const int32_t ql[2] = {1, 2}, cl[2] = {3, 0}, table[2] = {1, 2};
+  pagedattn_batch_desc bd;
+  pagedattn_batch_desc_init(&bd);
+  bd.num_seqs = 2;
+  bd.query_lens = ql;
+  bd.context_lens = cl;
+  bd.block_tables = table;
+  bd.block_table_stride = 1;
+  pagedattn_batch* batch = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, c, nullptr, &bd), PAGEDATTN_OK);
+
+  // Tensors for forward/write: 3 tokens, H 4, Hkv 2, D 64, float32.
+  std::vector<float> qbuf(3 * 4 * 64), kbuf(3 * 2 * 64), vbuf(3 * 2 * 64), obuf(3 * 4 * 64);
+  int64_t qs[3] = {3, 4, 64}, ks[3] = {3, 2, 64}, bad_ks[3] = {3, 2, 32};
+  auto tensor = [](void* p, int64_t* shape, int32_t nd, uint8_t code, uint8_t bits) {
+    pagedattn_tensor t{};
+    t.data = p;
+    t.device = {PAGEDATTN_DEVICE_CPU, 0};
+    t.ndim = nd;
+    t.dtype = {code, bits, 1};
+    t.shape = shape;
+    return t;
+  };
+  pagedattn_tensor q = tensor(qbuf.data(), qs, 3, PAGEDATTN_DLPACK_FLOAT, 32);
+  pagedattn_tensor k = tensor(kbuf.data(), ks, 3, PAGEDATTN_DLPACK_FLOAT, 32);
+  pagedattn_tensor v = tensor(vbuf.data(), ks, 3, PAGEDATTN_DLPACK_FLOAT, 32);
+  pagedattn_tensor out = tensor(obuf.data(), qs, 3, PAGEDATTN_DLPACK_FLOAT, 32);
+  pagedattn_tensor k_bad = tensor(kbuf.data(), bad_ks, 3, PAGEDATTN_DLPACK_FLOAT, 32);
+  pagedattn_tensor q_f16 = tensor(qbuf.data(), qs, 3, PAGEDATTN_DLPACK_FLOAT, 16);
+  int64_t big_stride[3] = {4 * 64, 64, 2};
+  pagedattn_tensor q_strided = q;
+  q_strided.strides = big_stride;
+  pagedattn_tensor q_gpu = q;
+  q_gpu.device = {PAGEDATTN_DEVICE_CUDA, 1};
+  int64_t slots_v[3] = {5, 9999, 7}, slots_n[1] = {3};
+  pagedattn_tensor slots = tensor(slots_v, slots_n, 1, PAGEDATTN_DLPACK_INT, 64);
+  auto opts = [](void (*tweak)(pagedattn_attention_options*)) {
+    pagedattn_attention_options o;
+    pagedattn_attention_options_init(&o);
+    o.num_heads = 4;
+    o.num_kv_heads = 2;
+    o.head_size = 64;
+    if (tweak) tweak(&o);
+    return o;
+  };
+  auto fwd = [&](pagedattn_attention_options o, const pagedattn_tensor* qq,
+                 const pagedattn_tensor* kk, int32_t layer) {
+    return pagedattn_forward(be, batch, c, layer, &o, qq, kk, &v, &out, nullptr, nullptr);
+  };
+
+  std::vector<BadCall> calls = {
+      {"unknown backend", PAGEDATTN_ERROR_UNKNOWN_BACKEND, {"nosuchbackend"},
+       [] {
+         pagedattn_backend* b = nullptr;
+         return pagedattn_backend_create(&b, "nosuchbackend", nullptr);
+       }},
+      {"negative thread count", PAGEDATTN_ERROR_INVALID_ARGUMENT, {"num_threads", "-3"},
+       [] {
+         pagedattn_backend_options o;
+         pagedattn_backend_options_init(&o);
+         o.num_threads = -3;
+         pagedattn_backend* b = nullptr;
+         return pagedattn_backend_create(&b, "cpu", &o);
+       }},
+      {"backend info index", PAGEDATTN_ERROR_OUT_OF_RANGE, {"index", "99"},
+       [] {
+         pagedattn_backend_info i{};
+         i.struct_size = sizeof i;
+         return pagedattn_backend_get_info(&i, 99);
+       }},
+      {"cache head size", PAGEDATTN_ERROR_UNSUPPORTED, {"head_size", "12"},
+       [&] {
+         pagedattn_kv_cache_desc d = geometry(4);
+         d.head_size = 12;
+         pagedattn_kv_cache* x = nullptr;
+         return pagedattn_kv_cache_create(&x, be, &d);
+       }},
+      {"cache block size", PAGEDATTN_ERROR_INVALID_ARGUMENT, {"block_size", "24"},
+       [&] {
+         pagedattn_kv_cache_desc d = geometry(4);
+         d.block_size = 24;
+         pagedattn_kv_cache* x = nullptr;
+         return pagedattn_kv_cache_create(&x, be, &d);
+       }},
+      {"cache desc struct_size", PAGEDATTN_ERROR_STRUCT_SIZE, {"struct_size", "3"},
+       [&] {
+         pagedattn_kv_cache_desc d = geometry(4);
+         d.struct_size = 3;
+         pagedattn_kv_cache* x = nullptr;
+         return pagedattn_kv_cache_create(&x, be, &d);
+       }},
+      {"write layer", PAGEDATTN_ERROR_OUT_OF_RANGE, {"layer", "7"},
+       [&] { return pagedattn_kv_cache_write(c, 7, &k, &v, &slots, 1, 1, nullptr); }},
+      {"write slot", PAGEDATTN_ERROR_OUT_OF_RANGE, {"slot_mapping[1]", "9999"},
+       [&] { return pagedattn_kv_cache_write(c, 0, &k, &v, &slots, 1, 1, nullptr); }},
+      {"write key shape", PAGEDATTN_ERROR_BAD_TENSOR, {"key", "32"},
+       [&] { return pagedattn_kv_cache_write(c, 0, &k_bad, &v, &slots, 1, 1, nullptr); }},
+      {"copy pair", PAGEDATTN_ERROR_OUT_OF_RANGE, {"pairs[1]", "77"},
+       [&] {
+         const int32_t pairs[2] = {1, 77};
+         return pagedattn_kv_cache_copy_blocks(c, pairs, 1, nullptr);
+       }},
+      {"read buffer size", PAGEDATTN_ERROR_INVALID_ARGUMENT, {"buffer_bytes", "10"},
+       [&] {
+         const int32_t ids[1] = {0};
+         char buf[16];
+         return pagedattn_kv_cache_read_blocks(c, ids, 1, buf, 10, nullptr);
+       }},
+      {"batch block id", PAGEDATTN_ERROR_OUT_OF_RANGE, {"block_tables[1][0]", "900", "8"},
+       [&] {
+         const int32_t t2[2] = {1, 900};
+         pagedattn_batch_desc d = bd;
+         d.block_tables = t2;
+         pagedattn_batch* x = nullptr;
+         return pagedattn_batch_create(&x, be, c, nullptr, &d);
+       }},
+      {"batch negative length", PAGEDATTN_ERROR_INVALID_ARGUMENT, {"query_lens[1]", "-2"},
+       [&] {
+         const int32_t q2[2] = {1, -2};
+         pagedattn_batch_desc d = bd;
+         d.query_lens = q2;
+         pagedattn_batch* x = nullptr;
+         return pagedattn_batch_create(&x, be, c, nullptr, &d);
+       }},
+      {"batch short row", PAGEDATTN_ERROR_OUT_OF_RANGE, {"block_table_stride", "1", "sequence 0"},
+       [&] {
+         const int32_t c2[2] = {40, 0};
+         pagedattn_batch_desc d = bd;
+         d.context_lens = c2;
+         pagedattn_batch* x = nullptr;
+         return pagedattn_batch_create(&x, be, c, nullptr, &d);
+       }},
+      {"forward heads", PAGEDATTN_ERROR_INVALID_ARGUMENT, {"num_heads", "5"},
+       [&] {
+         return fwd(opts([](pagedattn_attention_options* o) { o->num_heads = 5; }), &q, &k, 0);
+       }},
+      {"forward window", PAGEDATTN_ERROR_INVALID_ARGUMENT, {"sliding_window", "-1"},
+       [&] {
+         return fwd(opts([](pagedattn_attention_options* o) { o->sliding_window = -1; }), &q, &k,
+                    0);
+       }},
+      {"forward scale", PAGEDATTN_ERROR_INVALID_ARGUMENT, {"scale", "nan"},
+       [&] {
+         return fwd(opts([](pagedattn_attention_options* o) { o->scale = std::nanf(""); }), &q,
+                    &k, 0);
+       }},
+      {"forward flags", PAGEDATTN_ERROR_INVALID_ARGUMENT, {"flags", "0x8"},
+       [&] { return fwd(opts([](pagedattn_attention_options* o) { o->flags = 8; }), &q, &k, 0); }},
+      {"forward options struct_size", PAGEDATTN_ERROR_STRUCT_SIZE, {"struct_size", "7"},
+       [&] {
+         return fwd(opts([](pagedattn_attention_options* o) { o->struct_size = 7; }), &q, &k, 0);
+       }},
+      {"forward layer", PAGEDATTN_ERROR_OUT_OF_RANGE, {"layer", "2"},
+       [&] { return fwd(opts(nullptr), &q, &k, 2); }},
+      {"forward q dtype", PAGEDATTN_ERROR_BAD_TENSOR, {"q", "float16"},
+       [&] { return fwd(opts(nullptr), &q_f16, &k, 0); }},
+      {"forward q stride", PAGEDATTN_ERROR_BAD_TENSOR, {"q", "stride", "2"},
+       [&] { return fwd(opts(nullptr), &q_strided, &k, 0); }},
+      {"forward q device", PAGEDATTN_ERROR_WRONG_DEVICE, {"q", "cuda:1"},
+       [&] { return fwd(opts(nullptr), &q_gpu, &k, 0); }},
+      {"forward k shape", PAGEDATTN_ERROR_BAD_TENSOR, {"k", "32", "64"},
+       [&] { return fwd(opts(nullptr), &q, &k_bad, 0); }},
+      {"dlpack dtype", PAGEDATTN_ERROR_UNSUPPORTED, {"code 7", "bits 16"},
+       [] {
+         pagedattn_dtype dt;
+         pagedattn_dlpack_dtype d{7, 16, 1};
+         return pagedattn_dtype_from_dlpack(&dt, d);
+       }},
+  };
+  int bad = 0;
+  for (const auto& bc : calls) {
+    const pagedattn_status st = bc.call();
+    const std::string msg = pagedattn_last_error();
+    std::printf("  %-28s %-34s \"%s\"\n", bc.what, pagedattn_status_string(st), msg.c_str());
+    bool ok = st == bc.want;
+    for (const auto& n : bc.needles) ok = ok && msg.find(n) != std::string::npos;
+    if (!ok) {
+      ++bad;
+      ADD_FAILURE() << bc.what << ": got " << pagedattn_status_string(st) << " \"" << msg
+                    << "\", want " << pagedattn_status_string(bc.want) << " naming every one of "
+                    << ::testing::PrintToString(bc.needles);
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  pagedattn_batch_destroy(batch);
+  pagedattn_kv_cache_destroy(c);
+  pagedattn_backend_destroy(be);
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the fuzz targets with clang (libFuzzer + ASan + UBSan, the library instrumented for
+# coverage) and runs each one time-boxed on its seed corpus.
+#   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]    (default 60 s; targets: batch cache forward)
+# Environment: FUZZ_BUILDDIR (default build-fuzz), FUZZ_JOBS (libFuzzer -jobs, default 1),
+# NINJAFLAGS. New inputs go to $FUZZ_BUILDDIR/corpus/<target>, crashes to
+# $FUZZ_BUILDDIR/artifacts/. Prints one "fuzz <target>: ..." line per target with executions,
+# coverage and crashes; exits non-zero if any target found something.
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root" || exit 1
+
+secs=${1:-60}
+shift || true
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(batch cache forward)
+build=${FUZZ_BUILDDIR:-build-fuzz}
+CC=${FUZZ_CC:-clang}
+CXX=${FUZZ_CXX:-clang++}
+
+if ! command -v "$CXX" > /dev/null; then
+  echo "fuzz: skipped: $CXX not found (apt-get install clang)"
+  exit 0
+fi
+# libFuzzer ships with Debian's clang (libclang-rt-*-dev on newer releases).
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
+  > "$probe/p.cpp"
+if ! "$CXX" -fsanitize=fuzzer "$probe/p.cpp" -o "$probe/p" 2> "$probe/err"; then
+  cat "$probe/err"
+  echo "fuzz: skipped: $CXX cannot link -fsanitize=fuzzer (install libclang-rt-dev for it)"
+  exit 0
+fi
+
+san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
+lib_args="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all"
+opts=(-Dbuildtype=debugoptimized -Db_ndebug=false -Db_lundef=false
+      -Dtests=false -Dexamples=false -Dbench=false
+      -Donednn=disabled -Dcuda=disabled -Dhip=disabled
+      "-Dc_args=$lib_args" "-Dcpp_args=$lib_args"
+      "-Dc_link_args=-fsanitize=address,undefined" "-Dcpp_link_args=-fsanitize=address,undefined")
+if [ -f "$build/meson-private/coredata.dat" ]; then
+  CC=$CC CXX=$CXX meson setup --reconfigure "$build" "${opts[@]}" > "$build.setup.log" 2>&1 ||
+    CC=$CC CXX=$CXX meson setup --wipe "$build" "${opts[@]}" > "$build.setup.log" 2>&1
+else
+  CC=$CC CXX=$CXX meson setup "$build" "${opts[@]}" > "$build.setup.log" 2>&1
+fi || { cat "$build.setup.log"; echo "fuzz: FAIL: meson setup"; exit 1; }
+# shellcheck disable=SC2086
+ninja -C "$build" ${NINJAFLAGS:-} lib/libpagedattn.so.0.1.0 || { echo "fuzz: FAIL: build"; exit 1; }
+
+mkdir -p "$build/fuzz" "$build/artifacts"
+status=0
+for t in "${targets[@]}"; do
+  src="$here/fuzz_$t.cpp"
+  [ -f "$src" ] || { echo "fuzz: unknown target $t"; status=1; continue; }
+  exe="$build/fuzz/fuzz_$t"
+  if [ ! -x "$exe" ] || [ "$src" -nt "$exe" ] || [ "$here/fuzz_common.h" -nt "$exe" ] ||
+     [ "$build/lib/libpagedattn.so" -nt "$exe" ]; then
+    "$CXX" -std=c++17 -O1 -g -Wall -Wextra "${san[@]}" -fsanitize=fuzzer \
+      -I "$root/include" -I "$build/include" "$src" -o "$exe" \
+      -L "$build/lib" -lpagedattn -Wl,-rpath,"$root/$build/lib" ||
+      { echo "fuzz: FAIL: compiling $t"; status=1; continue; }
+  fi
+  corpus="$build/corpus/$t"
+  mkdir -p "$corpus"
+  log="$build/fuzz/$t.log"
+  # Huge requested allocations must come back as OUT_OF_MEMORY, not kill the run.
+  ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1:halt_on_error=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$exe" -max_total_time="$secs" -timeout=20 -rss_limit_mb=3072 -max_len=4096 \
+      -print_final_stats=1 -jobs="${FUZZ_JOBS:-1}" -workers="${FUZZ_JOBS:-1}" \
+      -artifact_prefix="$build/artifacts/$t-" "$corpus" "$here/corpus/$t" > "$log" 2>&1
+  rc=$?
+  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s+=$2} END {print s+0}')
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | awk '{print $2}')
+  ft=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | awk '{print $2}')
+  crashes=$(find "$build/artifacts" -name "$t-*" -newer "$exe" 2> /dev/null | wc -l)
+  echo "fuzz $t: ${secs}s, $execs executions, cov: ${cov:-?}, ft: ${ft:-?}, corpus $(ls "$corpus" | wc -l) files, crashes/artifacts: $crashes, exit $rc"
+  if [ $rc -ne 0 ] || [ "$crashes" -ne 0 ]; then
+    grep -E 'ERROR|FUZZ CHECK|SUMMARY|runtime error|==ERROR' "$log" | head -n 20
+    echo "fuzz $t: FAIL (log: $log)"
+    status=1
+  fi
+done
+exit $status
