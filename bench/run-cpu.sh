@@ -38,4 +38,11 @@ run mixed-onednn     --mode mixed --batch 16 --context 4096 --query 512 $common 
                      --backend onednn --baseline-iters 0
 run cache-write      --mode cache-write --batch 16 --query 256 $common --dtype bf16
 run copy-blocks      --mode copy-blocks --batch 16 --context 4096 $common --dtype bf16
+# Where onednn overtakes cpu (the rule for `auto`): prefill of growing length, both backends.
+for q in 8 16 32 64 128 512; do
+  for be in cpu onednn; do
+    run "crossover-q$q-$be" --mode prefill --batch 4 --query $q $common --dtype bf16 --backend $be \
+        --no-ceilings --baseline-iters 0 --no-check --layers 2 --iters 10
+  done
+done
 echo "records: $out/records.jsonl"

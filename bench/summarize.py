@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Markdown table of pagedattn-bench --json records (one JSON object per line).
+
+usage: bench/summarize.py records.jsonl
+"""
+import json
+import sys
+
+
+def main(path):
+    rows = [json.loads(line) for line in open(path) if line.startswith("{")]
+    print("| mode | backend | thr | B x ctx / q | cache | median ms [min, max] | GB/s (% bw) "
+          "| GFLOP/s (% sgemm) | vs naive | tokens/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        shape = "%d x %d / %d" % (r["batch"], r["context"], r["query"])
+        bw = "%.2f (%.0f%%)" % (r["bytes_per_s"] / 1e9, 100 * r["bw_ratio"]) if r["read_bw"] else \
+            "%.2f" % (r["bytes_per_s"] / 1e9)
+        fl = "-"
+        if r["flops"] > 0:
+            fl = "%.1f" % (r["flops_per_s"] / 1e9)
+            if r["sgemm_flops"]:
+                fl += " (%.0f%%)" % (100 * r["gemm_ratio"])
+        sp = "%.1fx" % r["speedup"] if r["baseline_iters"] > 0 else "-"
+        print("| %s | %s | %d | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %.0f |" % (
+            r["mode"], r["backend"], r["threads"], shape, r["cache_dtype"], r["median_s"] * 1e3,
+            r["min_s"] * 1e3, r["max_s"] * 1e3, bw, fl, sp, r["tokens_per_s"]))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
