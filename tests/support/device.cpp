@@ -196,7 +196,11 @@ void BackendTest::SetUp() {
     }
     if (name != "cpu" && (st == PAGEDATTN_ERROR_BACKEND_UNAVAILABLE ||
                           st == PAGEDATTN_ERROR_PLUGIN)) {
-      GTEST_SKIP() << "skipped: no GPU (backend " << name << ": "
+      if (name == "cuda" || name == "hip") {
+        GTEST_SKIP() << "skipped: no GPU (backend " << name << ": " << pagedattn_last_error()
+                     << ")";
+      }
+      GTEST_SKIP() << "skipped: backend " << name << " unavailable here ("
                    << pagedattn_last_error() << ")";
     }
     FAIL() << "pagedattn_backend_create(\"" << name << "\") = " << pagedattn_status_string(st)
