@@ -855,3 +855,34 @@ TEST_F(Cache, ReadLoadRoundTripAndRefusals) {
     EXPECT_TRUE(read_all(c) == cur) << "failed loads changed the cache";
   }
 }
+
+TEST_F(Cache, SwapBetweenBackends) {
+  // Two backends (the oneDNN plugin where it loads, else a second CPU backend): swap needs only
+  // identical geometry, not the same backend.
+  pagedattn_backend* other = nullptr;
+  if (pagedattn_backend_create(&other, "onednn", nullptr) != PAGEDATTN_OK) {
+    ASSERT_EQ(pagedattn_backend_create(&other, pat::backend_name().c_str(), nullptr), PAGEDATTN_OK)
+        << pat::last_error();
+  }
+  pagedattn_capabilities oc{};
+  oc.struct_size = sizeof oc;
+  ASSERT_EQ(pagedattn_backend_get_capabilities(&oc, other), PAGEDATTN_OK);
+  auto g = geom(2, 4, 8, 2, 32, PAGEDATTN_DTYPE_BFLOAT16);
+  pagedattn_kv_cache* mine = make(g);
+  pagedattn_kv_cache* theirs = nullptr;
+  ASSERT_EQ(pagedattn_kv_cache_create(&theirs, other, &g), PAGEDATTN_OK) << pat::last_error();
+  std::mt19937_64 rng(pat::test_seed());
+  auto img = fill_random(mine, rng);
+  const int32_t pairs[4] = {3, 0, 1, 2};
+  ASSERT_EQ(pagedattn_kv_cache_swap_blocks(theirs, mine, pairs, 2, nullptr), PAGEDATTN_OK)
+      << oc.name << ": " << pat::last_error();
+  const size_t rec = bpb(g);
+  std::vector<uint8_t> got(4 * rec);
+  const int32_t ids[4] = {0, 1, 2, 3};
+  ASSERT_EQ(pagedattn_kv_cache_read_blocks(theirs, ids, 4, got.data(), got.size(), nullptr), PAGEDATTN_OK);
+  EXPECT_EQ(std::memcmp(&got[0], &img[3 * rec], rec), 0) << oc.name;
+  EXPECT_EQ(std::memcmp(&got[2 * rec], &img[1 * rec], rec), 0) << oc.name;
+  for (size_t i = 1 * rec; i < 2 * rec; ++i) ASSERT_EQ(got[i], 0) << "block 1 should stay zero";
+  pagedattn_kv_cache_destroy(theirs);
+  pagedattn_backend_destroy(other);
+}

@@ -599,9 +599,12 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
   }
 
   // Tensors.
-  const bool need_kv = enc_only || c.type == PAGEDATTN_ATTENTION_ENCODER ||
-                       (c.write_kv && (decoder || cross) && KR > 0);
   const int32_t write_kv = (c.write_kv && !enc_only && !(cross && KR == 0)) ? 1 : 0;
+  // With write_kv = 0 a decoder may still be handed k/v: they hold other values, so a forward
+  // that wrongly writes them shows up in the cache check.
+  const bool decoy_kv = decoder && !write_kv && KR > 0 && rng() % 2;
+  const bool need_kv = enc_only || c.type == PAGEDATTN_ATTENTION_ENCODER ||
+                       (write_kv && (decoder || cross)) || decoy_kv;
   int64_t rs, hs;
   uint64_t off;
   pick_strides(rng, c.strided_io, T, H, D, es_m, &rs, &hs, &off);
@@ -619,8 +622,8 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
   for (int64_t t = 0; t < KR; ++t)
     for (int h = 0; h < Hkv; ++h)
       for (int d = 0; d < D; ++d) {
-        k.set(t, h, d, kf[(t * Hkv + h) * D + d]);
-        v.set(t, h, d, vf[(t * Hkv + h) * D + d]);
+        k.set(t, h, d, decoy_kv ? 3.5f : kf[(t * Hkv + h) * D + d]);
+        v.set(t, h, d, decoy_kv ? -3.5f : vf[(t * Hkv + h) * D + d]);
       }
   out.poison_all();
   lse->poison_all();
