@@ -23,7 +23,8 @@ if ! readelf -S "$lib" 2> /dev/null | grep -q '\.debug_info'; then
        "(configure with -Ddebug=true for type checks)"
 fi
 if [ "$update" -eq 1 ]; then
-  abidw --no-corpus-path --no-comp-dir-path --no-show-locs --headers-dir "$headers" \
+  abidw --no-corpus-path --no-comp-dir-path --no-show-locs --exported-interfaces-only \
+    --headers-dir "$headers" --drop-private-types \
     --out-file "$baseline" "$lib" || exit 1
   echo "abi: wrote $baseline"
   exit 0
