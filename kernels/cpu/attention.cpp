@@ -63,12 +63,17 @@ HWY_INLINE void load_row(const void* src, pagedattn_dtype dt, float scale, float
       const bool e4m3 = dt == PAGEDATTN_DTYPE_FP8_E4M3;
       const auto mul = hn::Set(d, e4m3 ? scale * 256.0f : scale);
       const auto k80 = hn::Set(d16, 0x80), k7f = hn::Set(d16, 0x7F);
-      for (; i + N <= n; i += N) {
-        const auto x = hn::PromoteTo(d16, hn::LoadU(d8, p + i));
-        const auto h = e4m3 ? hn::Or(hn::ShiftLeft<8>(hn::And(x, k80)),
-                                     hn::ShiftLeft<7>(hn::And(x, k7f)))
-                            : hn::ShiftLeft<8>(x);
-        hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), mul), d, dst + i);
+      if (e4m3) {
+        for (; i + N <= n; i += N) {
+          const auto x = hn::PromoteTo(d16, hn::LoadU(d8, p + i));
+          const auto h = hn::Or(hn::ShiftLeft<8>(hn::And(x, k80)), hn::ShiftLeft<7>(hn::And(x, k7f)));
+          hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), mul), d, dst + i);
+        }
+      } else {
+        for (; i + N <= n; i += N) {
+          const auto h = hn::ShiftLeft<8>(hn::PromoteTo(d16, hn::LoadU(d8, p + i)));
+          hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), mul), d, dst + i);
+        }
       }
       break;
     }
@@ -78,9 +83,45 @@ HWY_INLINE void load_row(const void* src, pagedattn_dtype dt, float scale, float
   for (; i < n; ++i) dst[i] = load_elem(src, i, dt, scale);
 }
 
+// Prefetches the K and V rows of key `pos`: paged rows are scattered (shuffled blocks, strided
+// heads), which the hardware prefetchers do not follow.
+HWY_INLINE void prefetch_key(const AttnItem& it, int64_t pos) {
+#ifdef PA_NO_PREFETCH
+  return;
+#endif
+  const KVSource& s = it.kv;
+  const int64_t esz = static_cast<int64_t>(elem_size(s.dtype));
+  const int64_t bytes = static_cast<int64_t>(it.head_size) * esz;
+  int64_t koff, voff;
+  if (s.table != nullptr) {
+    const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
+    koff = voff = s.table[pos >> shift] * s.block_stride +
+                  (pos & (s.block_size - 1)) * s.slot_stride + it.kv_head * s.head_stride;
+  } else {
+    koff = (s.row0 + pos) * s.block_stride + it.kv_head * s.head_stride;
+    voff = (s.row0 + pos) * s.v_block_stride + it.kv_head * s.v_head_stride;
+  }
+  const char* kp = static_cast<const char*>(s.k) + koff * esz;
+  const char* vp = static_cast<const char*>(s.v) + voff * esz;
+  for (int64_t b = 0; b < bytes; b += 64) {
+    __builtin_prefetch(kp + b);
+    __builtin_prefetch(vp + b);
+  }
+}
+
+// Keys prefetched ahead of the one being converted (two tiles), spread over the K loads so the
+// requests interleave with compute.
+constexpr int kPrefetchKeys = 2 * kKeyTile;
+
+HWY_INLINE void prefetch_first(const AttnItem& it, int64_t kbeg, int64_t kend) {
+  const int64_t n = std::min<int64_t>(kPrefetchKeys, kend - kbeg);
+  for (int64_t k = 0; k < n; ++k) prefetch_key(it, kbeg + k);
+}
+
 // Converts keys (or values) [kt0, kt0 + nk) of the item's KV head into rows of dst (stride Dp).
+// Also prefetches keys kPrefetchKeys ahead while they are below pf_end (0: none).
 HWY_INLINE void load_tile(const AttnItem& it, bool value, int64_t kt0, int nk, float* dst,
-                          int Dp) {
+                          int Dp, int64_t pf_end) {
   const KVSource& s = it.kv;
   const char* base = static_cast<const char*>(value ? s.v : s.k);
   const int64_t esz = static_cast<int64_t>(elem_size(s.dtype));
@@ -94,6 +135,7 @@ HWY_INLINE void load_tile(const AttnItem& it, bool value, int64_t kt0, int nk, f
       const int64_t pos = kt0 + k;
       const int64_t off = s.table[pos >> shift] * s.block_stride + (pos & mask) * s.slot_stride + head;
       load_row(base + off * esz, s.dtype, scale, dst + static_cast<size_t>(k) * Dp, it.head_size);
+      if (pos + kPrefetchKeys < pf_end) prefetch_key(it, pos + kPrefetchKeys);
     }
     return;
   }
@@ -102,32 +144,7 @@ HWY_INLINE void load_tile(const AttnItem& it, bool value, int64_t kt0, int nk, f
   for (int k = 0; k < nk; ++k) {
     const int64_t off = (s.row0 + kt0 + k) * rs + head;
     load_row(base + off * esz, s.dtype, scale, dst + static_cast<size_t>(k) * Dp, it.head_size);
-  }
-}
-
-// Prefetches the K and V rows of keys [kt0, kt0 + nk): paged rows are scattered (shuffled
-// blocks, strided heads), which the hardware prefetchers do not follow.
-HWY_INLINE void prefetch_tile(const AttnItem& it, int64_t kt0, int nk) {
-  const KVSource& s = it.kv;
-  const int64_t esz = static_cast<int64_t>(elem_size(s.dtype));
-  const int64_t bytes = static_cast<int64_t>(it.head_size) * esz;
-  for (int k = 0; k < nk; ++k) {
-    const int64_t pos = kt0 + k;
-    int64_t koff, voff;
-    if (s.table != nullptr) {
-      const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
-      koff = voff = s.table[pos >> shift] * s.block_stride +
-                    (pos & (s.block_size - 1)) * s.slot_stride + it.kv_head * s.head_stride;
-    } else {
-      koff = (s.row0 + pos) * s.block_stride + it.kv_head * s.head_stride;
-      voff = (s.row0 + pos) * s.v_block_stride + it.kv_head * s.v_head_stride;
-    }
-    const char* kp = static_cast<const char*>(s.k) + koff * esz;
-    const char* vp = static_cast<const char*>(s.v) + voff * esz;
-    for (int64_t b = 0; b < bytes; b += 64) {
-      __builtin_prefetch(kp + b);
-      __builtin_prefetch(vp + b);
-    }
+    if (kt0 + k + kPrefetchKeys < pf_end) prefetch_key(it, kt0 + k + kPrefetchKeys);
   }
 }
 
@@ -253,18 +270,25 @@ HWY_INLINE void wide_scores(const float* HWY_RESTRICT qT, const float* HWY_RESTR
   const int N = static_cast<int>(hn::Lanes(d));
   for (int k0 = 0; k0 < nk4; k0 += 4) {
     hn::Vec<DF> a[4][RB];
+    HWY_UNROLL(4)
     for (int i = 0; i < 4; ++i)
+      HWY_UNROLL(4)
       for (int j = 0; j < RB; ++j) a[i][j] = hn::Zero(d);
     const float* k0p = kt + static_cast<size_t>(k0) * Dp;
     for (int x = 0; x < D; ++x) {
       hn::Vec<DF> qv[RB];
+      HWY_UNROLL(4)
       for (int j = 0; j < RB; ++j) qv[j] = hn::Load(d, qT + static_cast<size_t>(x) * Rp + (rv0 + j) * N);
+      HWY_UNROLL(4)
       for (int i = 0; i < 4; ++i) {
         const auto kb = hn::Set(d, k0p[static_cast<size_t>(i) * Dp + x]);
+        HWY_UNROLL(4)
         for (int j = 0; j < RB; ++j) a[i][j] = hn::MulAdd(qv[j], kb, a[i][j]);
       }
     }
+    HWY_UNROLL(4)
     for (int i = 0; i < 4; ++i)
+      HWY_UNROLL(4)
       for (int j = 0; j < RB; ++j) hn::Store(a[i][j], d, s + static_cast<size_t>(k0 + i) * Rp + (rv0 + j) * N);
   }
 }
@@ -278,18 +302,25 @@ HWY_INLINE void wide_accumulate(float* HWY_RESTRICT accT, const float* HWY_RESTR
   const int N = static_cast<int>(hn::Lanes(d));
   for (int x0 = 0; x0 < D; x0 += 4) {
     hn::Vec<DF> a[4][RB];
+    HWY_UNROLL(4)
     for (int i = 0; i < 4; ++i)
+      HWY_UNROLL(4)
       for (int j = 0; j < RB; ++j) a[i][j] = hn::Load(d, accT + static_cast<size_t>(x0 + i) * Rp + (rv0 + j) * N);
     for (int k = 0; k < nk; ++k) {
       hn::Vec<DF> pv[RB];
+      HWY_UNROLL(4)
       for (int j = 0; j < RB; ++j) pv[j] = hn::Load(d, p + static_cast<size_t>(k) * Rp + (rv0 + j) * N);
       const float* vk = vt + static_cast<size_t>(k) * Dp + x0;
+      HWY_UNROLL(4)
       for (int i = 0; i < 4; ++i) {
         const auto vb = hn::Set(d, vk[i]);
+        HWY_UNROLL(4)
         for (int j = 0; j < RB; ++j) a[i][j] = hn::MulAdd(pv[j], vb, a[i][j]);
       }
     }
+    HWY_UNROLL(4)
     for (int i = 0; i < 4; ++i)
+      HWY_UNROLL(4)
       for (int j = 0; j < RB; ++j) hn::Store(a[i][j], d, accT + static_cast<size_t>(x0 + i) * Rp + (rv0 + j) * N);
   }
 }
@@ -354,11 +385,10 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
   }
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
 
+  prefetch_first(it, kbeg, kend);
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
-    if (kt0 + kKeyTile < kend)
-      prefetch_tile(it, kt0 + kKeyTile, static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile)));
-    load_tile(it, false, kt0, nk, sc->kt, Dp);
+    load_tile(it, false, kt0, nk, sc->kt, Dp, kend);
     const int nk4 = (nk + 3) / 4 * 4;
     for (int k = nk; k < nk4; ++k)  // finite filler for the 4-key blocking; never used
       for (int x = 0; x < D; ++x) sc->kt[static_cast<size_t>(k) * Dp + x] = 0.0f;
@@ -417,7 +447,7 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
       for (int v = 0; v < Rv; ++v)
         hn::Store(hn::Mul(hn::Load(d, ap + v * N), hn::Load(d, sc->alpha + v * N)), d, ap + v * N);
     }
-    load_tile(it, true, kt0, nk, sc->vt, Dp);
+    load_tile(it, true, kt0, nk, sc->vt, Dp, 0);
     rv = 0;
     for (; rv + 4 <= Rv; rv += 4) wide_accumulate<4>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk);
     switch (Rv - rv) {
@@ -450,8 +480,162 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
   }
 }
 
+// ---- In-register conversion (decode fast path: head size a multiple of the vector length) ----
+
+// N elements of cache type DT at p + i as float32 (fp8: times mul; e4m3's mul includes 2^8).
+template <int DT>
+HWY_INLINE hn::Vec<DF> load_vec(const void* p, int i, hn::Vec<DF> mul) {
+  const DF d;
+  if constexpr (DT == PAGEDATTN_DTYPE_FLOAT32) {
+    (void)mul;
+    return hn::LoadU(d, static_cast<const float*>(p) + i);
+  } else if constexpr (DT == PAGEDATTN_DTYPE_BFLOAT16) {
+    (void)mul;
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    return hn::PromoteTo(d, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(p) + i));
+  } else if constexpr (DT == PAGEDATTN_DTYPE_FLOAT16) {
+    (void)mul;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(p) + i));
+  } else {
+    const hn::Rebind<uint8_t, DF> d8;
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto x = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const uint8_t*>(p) + i));
+    if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
+      const auto h = hn::Or(hn::ShiftLeft<8>(hn::And(x, hn::Set(d16, 0x80))),
+                            hn::ShiftLeft<7>(hn::And(x, hn::Set(d16, 0x7F))));
+      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), mul);
+    } else {
+      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(x))), mul);
+    }
+  }
+}
+
+HWY_INLINE hn::Vec<DF> fp8_mul(pagedattn_dtype dt, float scale) {
+  return hn::Set(DF(), dt == PAGEDATTN_DTYPE_FP8_E4M3 ? scale * 256.0f : scale);
+}
+
+// Addresses of the K and V rows of keys [kt0, kt0 + nk), prefetching kPrefetchKeys ahead.
+HWY_INLINE void key_ptrs(const AttnItem& it, int64_t kt0, int nk, const void** kp,
+                         const void** vp, int64_t pf_end) {
+  const KVSource& s = it.kv;
+  const int64_t esz = static_cast<int64_t>(elem_size(s.dtype));
+  for (int k = 0; k < nk; ++k) {
+    const int64_t pos = kt0 + k;
+    int64_t koff, voff;
+    if (s.table != nullptr) {
+      const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
+      koff = voff = s.table[pos >> shift] * s.block_stride +
+                    (pos & (s.block_size - 1)) * s.slot_stride + it.kv_head * s.head_stride;
+    } else {
+      koff = (s.row0 + pos) * s.block_stride + it.kv_head * s.head_stride;
+      voff = (s.row0 + pos) * s.v_block_stride + it.kv_head * s.v_head_stride;
+    }
+    kp[k] = static_cast<const char*>(s.k) + koff * esz;
+    vp[k] = static_cast<const char*>(s.v) + voff * esz;
+    if (pos + kPrefetchKeys < pf_end) prefetch_key(it, pos + kPrefetchKeys);
+  }
+}
+
+// Horizontal sums of R accumulators into out[j * kKeyTile]. For four rows, two interleave rounds
+// leave [sum a0, sum a1, sum a2, sum a3] in every 128-bit block, then the blocks are added.
+template <int R>
+HWY_INLINE void reduce_rows(const hn::Vec<DF>* a, float* out) {
+  const DF d;
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (R == 4) {
+    const hn::Repartition<uint64_t, DF> d64;
+    const auto b0 = hn::Add(hn::InterleaveLower(d, a[0], a[1]), hn::InterleaveUpper(d, a[0], a[1]));
+    const auto b1 = hn::Add(hn::InterleaveLower(d, a[2], a[3]), hn::InterleaveUpper(d, a[2], a[3]));
+    const auto c = hn::Add(
+        hn::BitCast(d, hn::InterleaveLower(d64, hn::BitCast(d64, b0), hn::BitCast(d64, b1))),
+        hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, b0), hn::BitCast(d64, b1))));
+    HWY_ALIGN float tmp[hn::MaxLanes(d)];
+    hn::Store(c, d, tmp);
+    const int N = static_cast<int>(hn::Lanes(d));
+    for (int j = 0; j < 4; ++j) {
+      float x = tmp[j];
+      for (int b = 4; b < N; b += 4) x += tmp[b + j];
+      out[j * kKeyTile] = x;
+    }
+    return;
+  }
+#endif
+  HWY_UNROLL(4)
+  for (int j = 0; j < R; ++j) out[j * kKeyTile] = hn::GetLane(hn::SumOfLanes(d, a[j]));
+}
+
+// Scores of R rows (q at stride D) against nk keys, converting K in registers.
+template <int DT, int R>
+HWY_INLINE void score_group(const float* HWY_RESTRICT q, int D, const void* const* kp, int nk,
+                            hn::Vec<DF> mul, float* HWY_RESTRICT s) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int k = 0; k < nk; ++k) {
+    hn::Vec<DF> a[R];
+    HWY_UNROLL(4)
+    for (int j = 0; j < R; ++j) a[j] = hn::Zero(d);
+    for (int i = 0; i < D; i += N) {
+      const auto kv = load_vec<DT>(kp[k], i, mul);
+      HWY_UNROLL(4)
+      for (int j = 0; j < R; ++j) a[j] = hn::MulAdd(hn::Load(d, q + j * D + i), kv, a[j]);
+    }
+    reduce_rows<R>(a, s + k);
+  }
+}
+
+// acc rows (stride D) += sum_k p[j][k] * v_k for R rows, converting V in registers.
+template <int DT, int R>
+HWY_INLINE void acc_group(float* HWY_RESTRICT acc, int D, const float* HWY_RESTRICT p,
+                          const void* const* vp, int nk, hn::Vec<DF> mul) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int i = 0; i < D; i += N) {
+    hn::Vec<DF> a[R];
+    HWY_UNROLL(4)
+    for (int j = 0; j < R; ++j) a[j] = hn::Load(d, acc + j * D + i);
+    for (int k = 0; k < nk; ++k) {
+      const auto v = load_vec<DT>(vp[k], i, mul);
+      HWY_UNROLL(4)
+      for (int j = 0; j < R; ++j) a[j] = hn::MulAdd(hn::Set(d, p[j * kKeyTile + k]), v, a[j]);
+    }
+    HWY_UNROLL(4)
+    for (int j = 0; j < R; ++j) hn::Store(a[j], d, acc + j * D + i);
+  }
+}
+
+template <int DT>
+HWY_INLINE void scores_fast(const float* q, int rows, int D, const void* const* kp, int nk,
+                            hn::Vec<DF> mul, float* s) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) score_group<DT, 4>(q + r * D, D, kp, nk, mul, s + r * kKeyTile);
+  switch (rows - r) {
+    case 3: score_group<DT, 3>(q + r * D, D, kp, nk, mul, s + r * kKeyTile); break;
+    case 2: score_group<DT, 2>(q + r * D, D, kp, nk, mul, s + r * kKeyTile); break;
+    case 1: score_group<DT, 1>(q + r * D, D, kp, nk, mul, s + r * kKeyTile); break;
+    default: break;
+  }
+}
+
+template <int DT>
+HWY_INLINE void accumulate_fast(float* acc, int rows, int D, const float* p,
+                                const void* const* vp, int nk, hn::Vec<DF> mul) {
+  int r = 0;
+  for (; r + 4 <= rows; r += 4) acc_group<DT, 4>(acc + r * D, D, p + r * kKeyTile, vp, nk, mul);
+  switch (rows - r) {
+    case 3: acc_group<DT, 3>(acc + r * D, D, p + r * kKeyTile, vp, nk, mul); break;
+    case 2: acc_group<DT, 2>(acc + r * D, D, p + r * kKeyTile, vp, nk, mul); break;
+    case 1: acc_group<DT, 1>(acc + r * D, D, p + r * kKeyTile, vp, nk, mul); break;
+    default: break;
+  }
+}
+
 // ---- Dot-product path (fewer rows than a vector: decode with small GQA groups) ----
 // Rows are (token, head) pairs; each score is a dot product over D, four rows per K load.
+// DT >= 0: the cache dtype, converted in registers (needs D % N == 0); DT < 0: any dtype and head
+// size, through the converted K/V tiles.
+template <int DT>
 void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
@@ -498,13 +682,21 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const int64_t kbeg = std::max(it.key0, row_lo(0));
   const int64_t kend = std::min(it.key1, row_hi(ntok - 1) + 1);
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
+  const void* kptr[kKeyTile];
+  const void* vptr[kKeyTile];
+  const auto kmul = fp8_mul(it.kv.dtype, it.kv.k_scale);
+  const auto vmul = fp8_mul(it.kv.dtype, it.kv.v_scale);
 
+  prefetch_first(it, kbeg, kend);
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
-    if (kt0 + kKeyTile < kend)
-      prefetch_tile(it, kt0 + kKeyTile, static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile)));
-    load_tile(it, false, kt0, nk, sc->kt, Dp);
-    scores(sc->q, sc->kt, rows, nk, Dp, sc->s);
+    if constexpr (DT >= 0) {
+      key_ptrs(it, kt0, nk, kptr, vptr, kend);
+      scores_fast<DT>(sc->q, rows, D, kptr, nk, kmul, sc->s);
+    } else {
+      load_tile(it, false, kt0, nk, sc->kt, Dp, kend);
+      scores(sc->q, sc->kt, rows, nk, Dp, sc->s);
+    }
     bool any = false;
     for (int t = 0; t < ntok; ++t) {
       const int64_t lo = row_lo(t), hi = row_hi(t);
@@ -547,8 +739,12 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
       }
     }
     if (!any) continue;
-    load_tile(it, true, kt0, nk, sc->vt, Dp);
-    accumulate(sc->acc, sc->s, sc->vt, rows, nk, Dp);
+    if constexpr (DT >= 0) {
+      accumulate_fast<DT>(sc->acc, rows, D, sc->s, vptr, nk, vmul);
+    } else {
+      load_tile(it, true, kt0, nk, sc->vt, Dp, 0);
+      accumulate(sc->acc, sc->s, sc->vt, rows, nk, Dp);
+    }
   }
 
   // Write the result: normalised output (and lse), or the partial state for a later merge.
@@ -580,8 +776,17 @@ void AttentionItem(const AttnItem& it, Scratch* sc) {
   const int rows = (it.h1 - it.h0) * (it.tok1 - it.tok0);
   if (rows >= static_cast<int>(hn::Lanes(DF()))) {
     AttentionItemWide(it, sc);
+  } else if (it.head_size % static_cast<int>(hn::Lanes(DF())) != 0) {
+    AttentionItemDot<-1>(it, sc);
   } else {
-    AttentionItemDot(it, sc);
+    switch (it.kv.dtype) {
+      case PAGEDATTN_DTYPE_FLOAT32: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT32>(it, sc); break;
+      case PAGEDATTN_DTYPE_FLOAT16: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT16>(it, sc); break;
+      case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemDot<PAGEDATTN_DTYPE_BFLOAT16>(it, sc); break;
+      case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemDot<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc); break;
+      case PAGEDATTN_DTYPE_FP8_E5M2: AttentionItemDot<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc); break;
+      default: AttentionItemDot<-1>(it, sc); break;
+    }
   }
 }
 
