@@ -381,8 +381,10 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
     const int32_t H = c->desc.num_kv_heads, D = c->desc.head_size;
     pa_write_args a;
     std::memset(&a, 0, sizeof a);
-    a.k = pa::resolve3(key, "key", n, H, D, dt, c->pc.device);
-    a.v = pa::resolve3(value, "value", n, H, D, dt, c->pc.device);
+    /* A GPU backend's host cache takes any host memory (pinned or not). */
+    const pagedattn_device want = c->pc.host ? pa::host_device_of(b) : c->pc.device;
+    a.k = pa::resolve3(key, "key", n, H, D, dt, want);
+    a.v = pa::resolve3(value, "value", n, H, D, dt, want);
     /* Slots in host memory are read here; slots on the GPU are checked by the kernel. */
     bool on_device = false;
     if (pa::is_host_device_type(sm.device.device_type)) {
