@@ -64,7 +64,10 @@ fn bad_options_are_refused() {
     assert_eq!(err.status, Status::InvalidArgument);
     assert!(!err.message.is_empty());
     let bad = CacheDesc { block_size: 3, ..desc(Layout::Nhd) };
-    assert!(bad.bytes_per_block().is_err() || KvCache::new(&cpu(), &bad).is_err());
+    let err = bad.bytes_per_block().unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("block_size"), "message: {}", err.message);
+    assert_eq!(KvCache::new(&cpu(), &bad).unwrap_err(), err);
 }
 
 #[test]
