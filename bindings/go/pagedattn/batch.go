@@ -103,7 +103,9 @@ func NewBatch(be *Backend, cache, crossCache *KVCache, desc *BatchDesc) (*Batch,
 		}
 		defer cache.h.release()
 	}
-	if crossCache != nil {
+	if crossCache == cache {
+		xp = cp // one read lock per handle: a recursive RLock can deadlock behind Close
+	} else if crossCache != nil {
 		if xp, err = crossCache.h.acquire(); err != nil {
 			return nil, err
 		}

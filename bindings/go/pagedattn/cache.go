@@ -164,11 +164,13 @@ func (c *KVCache) SwapBlocksFrom(src *KVCache, pairs [][2]int32, opts ...CallOpt
 		return err
 	}
 	defer c.h.release()
-	sp, err := src.handle().acquire()
-	if err != nil {
-		return err
+	sp := p
+	if src != c { // one read lock per handle: a recursive RLock can deadlock behind Close
+		if sp, err = src.handle().acquire(); err != nil {
+			return err
+		}
+		defer src.h.release()
 	}
-	defer src.h.release()
 	err = cSwapBlocks(p, sp, pairs, configure(opts).stream)
 	runtime.KeepAlive(pairs)
 	return err
