@@ -30,12 +30,12 @@ run decode-bf16-t1   --mode decode --batch 16 --context 4096 $common --dtype bf1
 run decode-bf16-t2   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 2
 run prefill-cpu      --mode prefill --batch 4 --query 2048 $common --dtype bf16 --iters 5 --warmup 1
 run prefill-onednn   --mode prefill --batch 4 --query 2048 $common --dtype bf16 --iters 5 --warmup 1 \
-                     --backend onednn --baseline-iters 0
+                     --backend onednn --baseline-iters 0 --no-check
 run decode-onednn    --mode decode --batch 16 --context 4096 $common --dtype bf16 --backend onednn \
                      --baseline-iters 0
 run mixed-cpu        --mode mixed --batch 16 --context 4096 --query 512 $common --dtype bf16 --iters 10
 run mixed-onednn     --mode mixed --batch 16 --context 4096 --query 512 $common --dtype bf16 --iters 10 \
-                     --backend onednn --baseline-iters 0
+                     --backend onednn --baseline-iters 0 --no-check
 run cache-write      --mode cache-write --batch 16 --query 256 $common --dtype bf16
 run copy-blocks      --mode copy-blocks --batch 16 --context 4096 $common --dtype bf16
 # Where onednn overtakes cpu (the rule for `auto`): prefill of growing length, both backends.
