@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,6 +20,8 @@ namespace pa_cpu {
 namespace {
 
 constexpr size_t kAlign = 64;
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugeMin = size_t{4} << 20;
 
 struct Backend {
   Target target;
@@ -53,11 +56,17 @@ void* raw_alloc(Backend* b, size_t bytes, char* msg, const char* what) {
     b->used.fetch_add(total);
   }
   void* p = nullptr;
-  if (posix_memalign(&p, kAlign, total) != 0 || p == nullptr) {
+  // Large blocks (caches) on 2 MiB boundaries with transparent huge pages requested: paged
+  // attention reads scattered blocks, and 4 KiB pages would miss the TLB on nearly every block.
+  const bool huge = total >= kHugeMin;
+  if (posix_memalign(&p, huge ? kHugePage : kAlign, total) != 0 || p == nullptr) {
     b->used.fetch_sub(total);
     snprintf(msg, PA_MSG_LEN, "%s: could not allocate %zu bytes of host memory", what, bytes);
     return nullptr;
   }
+#ifdef MADV_HUGEPAGE
+  if (huge) madvise(p, total / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice only
+#endif
   memset(p, 0, total);
   *static_cast<size_t*>(p) = total;
   return static_cast<char*>(p) + kAlign;
