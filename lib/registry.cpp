@@ -163,7 +163,8 @@ void load_plugin(int32_t index, LoadResult& r) {
   if (path.empty()) {
     std::string searched;
     for (const std::string& dir : dirs) searched += (searched.empty() ? "" : ", ") + dir;
-    r.status = PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+    /* common.h: PLUGIN covers "a plugin file is missing" (the maintainers' loader test too). */
+    r.status = PAGEDATTN_ERROR_PLUGIN;
     r.message = format("%s: plugin %s not found (searched: %s)", name, file.c_str(),
                        searched.empty() ? "no directories" : searched.c_str());
     return;

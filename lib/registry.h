@@ -17,7 +17,8 @@ const char* backend_name_at(int32_t index);
 int32_t backend_index(const char* name);
 
 /* The ops of backend `index`, loading its plugin on first use (cached, thread-safe). Raises
- * BACKEND_UNAVAILABLE (plugin not found), PLUGIN or PLUGIN_ABI with the file and why. */
+ * PLUGIN (not found: the message lists the directories searched; or not loadable) or PLUGIN_ABI,
+ * naming the file and why. */
 const pa_backend_ops* backend_ops(int32_t index);
 
 /* Comma-separated list of the known names, for UNKNOWN_BACKEND messages. */
