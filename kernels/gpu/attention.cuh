@@ -561,6 +561,7 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
 template <typename T, typename KT, int DMAX>
 gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
   using L = MmaLayout<DMAX>;
+  static_assert(L::kBytes <= 163 * 1024, "tile exceeds the shared memory of sm_80");
   auto kernel = attention_mma_kernel<T, KT, DMAX>;
   static const gpuError_t attr = gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(L::kBytes));
   if (attr != gpuSuccess) return attr;
@@ -583,6 +584,11 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
   constexpr int NT = DECODE ? 128 : 256;
   constexpr int CHUNK = AttnLayout<KT, DMAX>::kChunk;
   constexpr size_t smem = attn_smem_bytes<R, NT, CHUNK, KT, DMAX>();
+#if defined(PA_HIP)
+  static_assert(smem <= 64 * 1024, "tile exceeds the 64 KiB LDS of AMD GPUs");
+#else
+  static_assert(smem <= 163 * 1024, "tile exceeds the shared memory of sm_80");
+#endif
   auto kernel = attention_kernel<T, KT, DMAX, R, NT>;
   if (smem > 48 * 1024) {
     // Needed once per kernel; repeating it is harmless and keeps no host state.

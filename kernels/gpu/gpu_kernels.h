@@ -70,7 +70,7 @@ struct AttnParams {
 // Rows per CTA: decode tiles (one token, up to 8 query heads of a group) and prefill tiles.
 constexpr int kDecodeRows = 8;
 #if defined(PA_HIP)
-constexpr int kPrefillRows = 32;  // AMD GPUs have 64 KiB of LDS per workgroup
+constexpr int kPrefillRows = 16;  // AMD GPUs have 64 KiB of LDS per workgroup
 #else
 constexpr int kPrefillRows = 64;
 #endif
