@@ -99,6 +99,7 @@ struct Plan {
 
 // Floats of partial state per split-KV part (acc, m, l for kMaxRows rows of up to 256 dims).
 constexpr size_t kPartFloats = static_cast<size_t>(kMaxRows) * (kMaxHeadSize + 2);
+constexpr size_t kMaxParts = (size_t{8} << 20) / (sizeof(float) * kPartFloats);
 
 pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, char* msg) {
   auto* b = static_cast<Backend*>(state);
@@ -111,8 +112,9 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
     }
     p->nworkers = b->pool->size();
     p->cap_seqs = std::max(batch->cap_num_seqs, batch->num_seqs);
-    // Room for 16 split parts per worker: splitting only happens when items are few.
-    p->part_floats = static_cast<size_t>(p->nworkers) * 16 * kPartFloats;
+    // Room for 16 split parts per worker (splitting only happens when items are few), at most
+    // 8 MiB; a forward that needs more splits than fit uses fewer.
+    p->part_floats = std::min(static_cast<size_t>(p->nworkers) * 16, kMaxParts) * kPartFloats;
     const size_t seqs = static_cast<size_t>(p->cap_seqs) + 1;
     const size_t bytes = sizeof(Scratch) * static_cast<size_t>(p->nworkers) +
                          sizeof(float) * p->part_floats + 3 * sizeof(int64_t) * seqs +
