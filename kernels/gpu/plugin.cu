@@ -196,8 +196,14 @@ pagedattn_status alloc(void* state, size_t bytes, int32_t host, void** ptr, char
   void* p = nullptr;
   gpuError_t e = host ? gpuHostAlloc(&p, bytes) : gpuMalloc(&p, bytes);
   if (e == gpuSuccess) {
-    if (host) memset(p, 0, bytes);
-    else e = gpuMemset(p, 0, bytes);
+    if (host) {
+      memset(p, 0, bytes);
+    } else {
+      // cudaMemset is asynchronous on the legacy stream: finish it before a caller's
+      // non-blocking stream can touch the memory.
+      e = gpuMemset(p, 0, bytes);
+      if (e == gpuSuccess) e = gpuStreamSynchronize(nullptr);
+    }
     if (e != gpuSuccess) {
       if (host) (void)gpuFreeHost(p);
       else (void)gpuFree(p);
@@ -255,6 +261,7 @@ pagedattn_status cache_attach(void* state, pa_cache* cache, char* msg) {
     host[n + l] = cache->v_layers[l];
   }
   gpuError_t e = gpuMemcpy(dev, host.data(), 2 * n * sizeof(void*), gpuMemcpyHostToDevice);
+  if (e == gpuSuccess) e = gpuStreamSynchronize(nullptr);  // pageable copies may still be in DMA
   CacheData* cd = (e == gpuSuccess) ? new (std::nothrow) CacheData() : nullptr;
   if (!cd) {
     (void)gpuFree(dev);
@@ -683,6 +690,8 @@ pagedattn_status plan_batch(void* state, pa_batch* b, int32_t is_update, char* m
   }
   PA_CHECK(gpuMemcpy(pl->dev, pl->host.data(), pl->meta_bytes, gpuMemcpyHostToDevice),
            "batch metadata copy");
+  // A pageable copy returns once staged; wait for it so kernels on any stream see the update.
+  PA_CHECK(gpuStreamSynchronize(nullptr), "batch metadata copy");
   return PAGEDATTN_OK;
 }
 
