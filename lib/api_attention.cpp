@@ -87,11 +87,11 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
       pa::fail(PAGEDATTN_ERROR_INVALID_HANDLE, "batch belongs to another backend (%s)",
                pa::backend_name(h->backend));
     const pagedattn_attention_options o = pa::read_struct(opts, "opts");
-    const pagedattn_attention_type type = o.attention_type;
-    if (type != PAGEDATTN_ATTENTION_DECODER && type != PAGEDATTN_ATTENTION_ENCODER &&
-        type != PAGEDATTN_ATTENTION_ENCODER_ONLY && type != PAGEDATTN_ATTENTION_CROSS)
+    const int32_t raw_type = pa::raw_enum(o.attention_type);
+    if (raw_type < PAGEDATTN_ATTENTION_DECODER || raw_type > PAGEDATTN_ATTENTION_CROSS)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->attention_type = %d is not valid",
-               static_cast<int>(type));
+               raw_type);
+    const pagedattn_attention_type type = static_cast<pagedattn_attention_type>(raw_type);
     const bool decoder = type == PAGEDATTN_ATTENTION_DECODER;
     const bool encoder_like =
         type == PAGEDATTN_ATTENTION_ENCODER || type == PAGEDATTN_ATTENTION_ENCODER_ONLY;

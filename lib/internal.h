@@ -99,6 +99,16 @@ void write_struct(T* p, const T& value) {
   std::memcpy(p, &tmp, size < sizeof(T) ? size : sizeof(T));
 }
 
+/* The integer a caller stored in an enum-typed field: C callers may put any int there, and
+ * loading an out-of-range value as the C++ enum type is undefined behaviour. */
+template <class E>
+int32_t raw_enum(const E& e) noexcept {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums are int-sized here");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
 const char* dtype_name(pagedattn_dtype dt) noexcept;
 size_t dtype_size(pagedattn_dtype dt) noexcept;
 bool dtype_valid(int32_t dt) noexcept;

@@ -253,6 +253,20 @@ void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& c
 
 void reserve_plan(Plan& p, const PlanCaps& caps, const Geometry& self, const Geometry& cross) {
   const size_t seqs = static_cast<size_t>(caps.num_seqs);
+  /* Refuse absurd capacities plainly instead of asking the allocator for petabytes. */
+  const long double bytes =
+      static_cast<long double>(seqs) * (3 * 4 + 4.0L * self_stride(caps, self)) +
+      8.0L * caps.num_tokens +
+      (cross.present ? static_cast<long double>(seqs) * (4 + 4.0L * cross_stride(caps, cross)) +
+                           8.0L * caps.num_encoder_tokens
+                     : 0.0L);
+  constexpr long double kMaxPlanBytes = 1024.0L * 1024 * 1024 * 1024; /* 1 TiB */
+  if (bytes > kMaxPlanBytes)
+    fail(PAGEDATTN_ERROR_OUT_OF_MEMORY,
+         "batch capacities (max_num_seqs %d, max_blocks_per_seq %d, max_num_tokens %lld, "
+         "max_seq_len %lld) need %.3Lg bytes of host metadata",
+         caps.num_seqs, caps.blocks_per_seq, static_cast<long long>(caps.num_tokens),
+         static_cast<long long>(caps.seq_len), bytes);
   p.query_lens.reserve(seqs);
   p.context_lens.reserve(seqs);
   p.query_start.reserve(seqs + 1);

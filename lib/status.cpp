@@ -75,7 +75,7 @@ void check_struct_size(uint32_t size, size_t current, const char* name) {
 }
 
 const char* dtype_name(pagedattn_dtype dt) noexcept {
-  switch (dt) {
+  switch (raw_enum(dt)) {
     case PAGEDATTN_DTYPE_FLOAT32: return "float32";
     case PAGEDATTN_DTYPE_FLOAT16: return "float16";
     case PAGEDATTN_DTYPE_BFLOAT16: return "bfloat16";
@@ -86,7 +86,7 @@ const char* dtype_name(pagedattn_dtype dt) noexcept {
 }
 
 size_t dtype_size(pagedattn_dtype dt) noexcept {
-  switch (dt) {
+  switch (raw_enum(dt)) {
     case PAGEDATTN_DTYPE_FLOAT32: return 4;
     case PAGEDATTN_DTYPE_FLOAT16:
     case PAGEDATTN_DTYPE_BFLOAT16: return 2;
@@ -115,7 +115,7 @@ std::string dtype_mask_names(uint32_t mask) {
 extern "C" {
 
 PAGEDATTN_API const char* pagedattn_status_string(pagedattn_status status) {
-  switch (status) {
+  switch (pa::raw_enum(status)) {
     case PAGEDATTN_OK: return "PAGEDATTN_OK";
     case PAGEDATTN_ERROR_INVALID_ARGUMENT: return "PAGEDATTN_ERROR_INVALID_ARGUMENT";
     case PAGEDATTN_ERROR_NULL_POINTER: return "PAGEDATTN_ERROR_NULL_POINTER";
@@ -161,7 +161,7 @@ PAGEDATTN_API pagedattn_status pagedattn_dtype_to_dlpack(pagedattn_dlpack_dtype*
     if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
     pagedattn_dlpack_dtype d{};
     d.lanes = 1;
-    switch (dtype) {
+    switch (pa::raw_enum(dtype)) {
       case PAGEDATTN_DTYPE_FLOAT32: d.code = PAGEDATTN_DLPACK_FLOAT; d.bits = 32; break;
       case PAGEDATTN_DTYPE_FLOAT16: d.code = PAGEDATTN_DLPACK_FLOAT; d.bits = 16; break;
       case PAGEDATTN_DTYPE_BFLOAT16: d.code = PAGEDATTN_DLPACK_BFLOAT; d.bits = 16; break;
@@ -169,7 +169,7 @@ PAGEDATTN_API pagedattn_status pagedattn_dtype_to_dlpack(pagedattn_dlpack_dtype*
       case PAGEDATTN_DTYPE_FP8_E5M2: d.code = PAGEDATTN_DLPACK_FLOAT8_E5M2; d.bits = 8; break;
       default:
         pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "dtype = %d is not a valid pagedattn_dtype",
-                 static_cast<int>(dtype));
+                 pa::raw_enum(dtype));
     }
     *out = d;
   });

@@ -159,12 +159,11 @@ uint64_t check_cache_desc(const pagedattn_kv_cache_desc& d, bool need_blocks) {
     fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->num_kv_heads = %d < 1", d.num_kv_heads);
   if (d.head_size < 1)
     fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->head_size = %d < 1", d.head_size);
-  if (!dtype_valid(d.dtype))
-    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->dtype = %d is not a valid pagedattn_dtype",
-         static_cast<int>(d.dtype));
-  if (d.layout != PAGEDATTN_LAYOUT_NHD && d.layout != PAGEDATTN_LAYOUT_HND)
-    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->layout = %d is not NHD (0) or HND (1)",
-         static_cast<int>(d.layout));
+  const int32_t dt = raw_enum(d.dtype), layout = raw_enum(d.layout);
+  if (!dtype_valid(dt))
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->dtype = %d is not a valid pagedattn_dtype", dt);
+  if (layout != PAGEDATTN_LAYOUT_NHD && layout != PAGEDATTN_LAYOUT_HND)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->layout = %d is not NHD (0) or HND (1)", layout);
   const uint32_t unknown = d.flags & ~static_cast<uint32_t>(PAGEDATTN_KV_CACHE_HOST);
   if (unknown)
     fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->flags = 0x%x has unknown bits 0x%x", d.flags,
