@@ -185,6 +185,7 @@ struct FTensor {
   std::vector<int64_t> shape, strides;
   std::unique_ptr<Guarded> mem;
   bool skip = false, overflow = false, malformed = false;
+  bool backed = false; /* mem covers every addressed element */
   size_t esize = 1;
   int64_t lo = 0; /* byte offset of the lowest addressed byte from data + byte_offset */
   std::vector<uint8_t> snap;
@@ -198,7 +199,7 @@ struct FTensor {
   template <class F>
   void for_each_elem(F fn) const {
     const int n = static_cast<int>(shape.size());
-    if (n == 0 || !mem) return;
+    if (n == 0 || !mem || !backed) return;
     std::vector<int64_t> idx(n, 0);
     for (int i = 0; i < n; ++i)
       if (shape[i] <= 0) return;
@@ -264,7 +265,10 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
   }
   /* Compact strides, or perturbed ones (negative, zero, huge), or NULL. */
   std::vector<int64_t> compact(n, 1);
-  for (int i = n - 2; i >= 0; --i) compact[i] = compact[i + 1] * (f.shape[i + 1] > 0 ? f.shape[i + 1] : 1);
+  for (int i = n - 2; i >= 0; --i)
+    if (__builtin_mul_overflow(compact[i + 1], f.shape[i + 1] > 0 ? f.shape[i + 1] : 1,
+                               &compact[i]))
+      compact[i] = INT64_MAX; /* saturate: such a tensor cannot be backed anyway */
   f.strides = compact;
   const uint8_t sm = in.u8();
   if (sm < 64) {
@@ -312,6 +316,7 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
   } else {
     f.lo = static_cast<int64_t>(lo) * static_cast<int64_t>(f.esize);
     f.mem = std::make_unique<Guarded>(static_cast<size_t>(bytes));
+    f.backed = true;
     if (fill_random)
       for (size_t i = 0; i < f.mem->size(); ++i) f.mem->data()[i] = in.u8();
     /* data + byte_offset + lo == mem */

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <memory>
 #include <set>
+#include <string>
 
 #include "fuzz_common.h"
 
@@ -203,22 +204,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   pagedattn_kv_cache* cache_arg = hm == 254 ? nullptr : cache.h;
   const int32_t layer = in.near_i32(in.range(0, cd.num_layers - 1));
 
+  /* k/v are only read with write_kv or for the encoder types; otherwise they are ignored. */
+  const bool kv_used = o->write_kv != 0 || o->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
+                       o->attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
   std::vector<FTensor*> all = {&q, &out};
-  if (pass_kv) {
+  if (pass_kv && kv_used) {
     all.push_back(&k);
     all.push_back(&v);
   }
   if (want_lse) all.push_back(&lse);
   if (o->alibi_slopes) all.push_back(&slopes);
   bool skip = false, must_fail = false;
+  std::string why; /* the reasons a call must fail, for the report */
   for (FTensor* t : all) {
     skip = skip || t->skip;
-    must_fail = must_fail || t->malformed || t->overflow;
+    if (t->malformed || t->overflow) {
+      must_fail = true;
+      why += std::string(t == &q ? "q" : t == &out ? "out" : t == &k ? "k" : t == &v ? "v"
+                         : t == &lse ? "lse" : "alibi_slopes") +
+             (t->overflow ? " overflows; " : " malformed; ");
+    }
   }
   const bool layer_bad = layer < 0 || layer >= cd.num_layers;
-  must_fail = must_fail || layer_bad || o->num_heads != H || o->num_kv_heads != Hkv ||
-              o->head_size != D || o->flags != 0 || o->struct_size != sizeof *o ||
-              be_arg == nullptr;
+  auto need = [&](bool bad, const char* what) {
+    if (bad) {
+      must_fail = true;
+      why += what;
+    }
+  };
+  need(layer_bad, "layer; ");
+  need(o->num_heads != H, "num_heads; ");
+  need(o->num_kv_heads != Hkv, "num_kv_heads; ");
+  need(o->head_size != D, "head_size; ");
+  need(o->flags != 0, "flags; ");
+  need(o->struct_size != sizeof *o, "struct_size; ");
+  need(be_arg == nullptr, "backend NULL; ");
   if (skip && !must_fail) return 0;
 
   for (FTensor* t : {&q, &k, &v, &out, &lse, &slopes}) t->snapshot();
@@ -240,7 +260,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               pagedattn_status_string(st));
     return 0;
   }
-  PAF_CHECK(!must_fail, "forward accepted a bad call");
+  PAF_CHECK(!must_fail, "forward accepted a bad call: %s", why.c_str());
   out.check_writes_inside("forward out");
   if (want_lse) lse.check_writes_inside("forward lse");
   /* The cache changes only where this step's keys go. */

@@ -41,12 +41,13 @@ opts=(-Dbuildtype=debugoptimized -Db_ndebug=false -Db_lundef=false
       -Donednn=disabled -Dcuda=disabled -Dhip=disabled
       "-Dc_args=$lib_args" "-Dcpp_args=$lib_args"
       "-Dc_link_args=-fsanitize=address,undefined" "-Dcpp_link_args=-fsanitize=address,undefined")
+setup_log="$probe/setup.log"
 if [ -f "$build/meson-private/coredata.dat" ]; then
-  CC=$CC CXX=$CXX meson setup --reconfigure "$build" "${opts[@]}" > "$build.setup.log" 2>&1 ||
-    CC=$CC CXX=$CXX meson setup --wipe "$build" "${opts[@]}" > "$build.setup.log" 2>&1
+  CC=$CC CXX=$CXX meson setup --reconfigure "$build" "${opts[@]}" > "$setup_log" 2>&1 ||
+    CC=$CC CXX=$CXX meson setup --wipe "$build" "${opts[@]}" > "$setup_log" 2>&1
 else
-  CC=$CC CXX=$CXX meson setup "$build" "${opts[@]}" > "$build.setup.log" 2>&1
-fi || { cat "$build.setup.log"; echo "fuzz: FAIL: meson setup"; exit 1; }
+  CC=$CC CXX=$CXX meson setup "$build" "${opts[@]}" > "$setup_log" 2>&1
+fi || { cat "$setup_log"; echo "fuzz: FAIL: meson setup"; exit 1; }
 # shellcheck disable=SC2086
 ninja -C "$build" ${NINJAFLAGS:-} lib/libpagedattn.so.0.1.0 || { echo "fuzz: FAIL: build"; exit 1; }
 
