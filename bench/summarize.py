@@ -13,7 +13,8 @@ def main(path):
           "| GFLOP/s (% sgemm) | vs naive | tokens/s |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        shape = "%d x %d / %d" % (r["batch"], r["context"], r["query"])
+        q = 1 if r["mode"] == "decode" else r["query"]
+        shape = "%d x %d / %d" % (r["batch"], r["context"], q)
         bw = "%.2f (%.0f%%)" % (r["bytes_per_s"] / 1e9, 100 * r["bw_ratio"]) if r["read_bw"] else \
             "%.2f" % (r["bytes_per_s"] / 1e9)
         fl = "-"
