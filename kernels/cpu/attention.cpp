@@ -482,19 +482,17 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
 
 // ---- In-register conversion (decode fast path: head size a multiple of the vector length) ----
 
-// N elements of cache type DT at p + i as float32 (fp8: times mul; e4m3's mul includes 2^8).
+// N elements of cache type DT at p + i as float32. fp8 comes back unscaled (e4m3 also 2^-8 too
+// small): the caller folds fp8_factor into q (keys) and into the final accumulators (values).
 template <int DT>
-HWY_INLINE hn::Vec<DF> load_vec(const void* p, int i, hn::Vec<DF> mul) {
+HWY_INLINE hn::Vec<DF> load_vec(const void* p, int i) {
   const DF d;
   if constexpr (DT == PAGEDATTN_DTYPE_FLOAT32) {
-    (void)mul;
     return hn::LoadU(d, static_cast<const float*>(p) + i);
   } else if constexpr (DT == PAGEDATTN_DTYPE_BFLOAT16) {
-    (void)mul;
     const hn::Rebind<hwy::bfloat16_t, DF> db;
     return hn::PromoteTo(d, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(p) + i));
   } else if constexpr (DT == PAGEDATTN_DTYPE_FLOAT16) {
-    (void)mul;
     const hn::Rebind<hwy::float16_t, DF> dh;
     return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(p) + i));
   } else {
@@ -505,15 +503,16 @@ HWY_INLINE hn::Vec<DF> load_vec(const void* p, int i, hn::Vec<DF> mul) {
     if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
       const auto h = hn::Or(hn::ShiftLeft<8>(hn::And(x, hn::Set(d16, 0x80))),
                             hn::ShiftLeft<7>(hn::And(x, hn::Set(d16, 0x7F))));
-      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), mul);
+      return hn::PromoteTo(d, hn::BitCast(dh, h));
     } else {
-      return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(x))), mul);
+      return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(x)));
     }
   }
 }
 
-HWY_INLINE hn::Vec<DF> fp8_mul(pagedattn_dtype dt, float scale) {
-  return hn::Set(DF(), dt == PAGEDATTN_DTYPE_FP8_E4M3 ? scale * 256.0f : scale);
+HWY_INLINE float fp8_factor(pagedattn_dtype dt, float scale) {
+  if (dt == PAGEDATTN_DTYPE_FP8_E4M3) return scale * 256.0f;
+  return dt == PAGEDATTN_DTYPE_FP8_E5M2 ? scale : 1.0f;
 }
 
 // Addresses of the K and V rows of keys [kt0, kt0 + nk), prefetching kPrefetchKeys ahead.
@@ -569,7 +568,7 @@ HWY_INLINE void reduce_rows(const hn::Vec<DF>* a, float* out) {
 // Scores of R rows (q at stride D) against nk keys, converting K in registers.
 template <int DT, int R>
 HWY_INLINE void score_group(const float* HWY_RESTRICT q, int D, const void* const* kp, int nk,
-                            hn::Vec<DF> mul, float* HWY_RESTRICT s) {
+                            float* HWY_RESTRICT s) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
   for (int k = 0; k < nk; ++k) {
@@ -577,7 +576,7 @@ HWY_INLINE void score_group(const float* HWY_RESTRICT q, int D, const void* cons
     HWY_UNROLL(4)
     for (int j = 0; j < R; ++j) a[j] = hn::Zero(d);
     for (int i = 0; i < D; i += N) {
-      const auto kv = load_vec<DT>(kp[k], i, mul);
+      const auto kv = load_vec<DT>(kp[k], i);
       HWY_UNROLL(4)
       for (int j = 0; j < R; ++j) a[j] = hn::MulAdd(hn::Load(d, q + j * D + i), kv, a[j]);
     }
@@ -585,48 +584,70 @@ HWY_INLINE void score_group(const float* HWY_RESTRICT q, int D, const void* cons
   }
 }
 
-// acc rows (stride D) += sum_k p[j][k] * v_k for R rows, converting V in registers.
-template <int DT, int R>
-HWY_INLINE void acc_group(float* HWY_RESTRICT acc, int D, const float* HWY_RESTRICT p,
-                          const void* const* vp, int nk, hn::Vec<DF> mul) {
+// acc rows (stride D) += sum_k p[j][k] * v_k for R rows, converting V in registers. Keys outer,
+// CH vectors of every row held in registers, so each p is broadcast once per CH chunks.
+template <int DT, int R, int CH>
+HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* HWY_RESTRICT p,
+                           const void* const* vp, int nk) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
-  for (int i = 0; i < D; i += N) {
-    hn::Vec<DF> a[R];
+  hn::Vec<DF> a[R][CH];
+  HWY_UNROLL(4)
+  for (int j = 0; j < R; ++j) {
     HWY_UNROLL(4)
-    for (int j = 0; j < R; ++j) a[j] = hn::Load(d, acc + j * D + i);
-    for (int k = 0; k < nk; ++k) {
-      const auto v = load_vec<DT>(vp[k], i, mul);
-      HWY_UNROLL(4)
-      for (int j = 0; j < R; ++j) a[j] = hn::MulAdd(hn::Set(d, p[j * kKeyTile + k]), v, a[j]);
-    }
-    HWY_UNROLL(4)
-    for (int j = 0; j < R; ++j) hn::Store(a[j], d, acc + j * D + i);
+    for (int c = 0; c < CH; ++c) a[j][c] = hn::Load(d, acc + j * D + i0 + c * N);
   }
+  for (int k = 0; k < nk; ++k) {
+    hn::Vec<DF> pj[R];
+    HWY_UNROLL(4)
+    for (int j = 0; j < R; ++j) pj[j] = hn::Set(d, p[j * kKeyTile + k]);
+    HWY_UNROLL(4)
+    for (int c = 0; c < CH; ++c) {
+      const auto v = load_vec<DT>(vp[k], i0 + c * N);
+      HWY_UNROLL(4)
+      for (int j = 0; j < R; ++j) a[j][c] = hn::MulAdd(pj[j], v, a[j][c]);
+    }
+  }
+  HWY_UNROLL(4)
+  for (int j = 0; j < R; ++j) {
+    HWY_UNROLL(4)
+    for (int c = 0; c < CH; ++c) hn::Store(a[j][c], d, acc + j * D + i0 + c * N);
+  }
+}
+
+template <int DT, int R>
+HWY_INLINE void acc_group(float* HWY_RESTRICT acc, int D, const float* HWY_RESTRICT p,
+                          const void* const* vp, int nk) {
+  // 32 vector registers (AVX-512) hold 4 rows x 4 chunks plus p and v; 16 only half of that.
+  constexpr int CH = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
+  const int N = static_cast<int>(hn::Lanes(DF()));
+  int i0 = 0;
+  for (; i0 + CH * N <= D; i0 += CH * N) acc_chunks<DT, R, CH>(acc, D, i0, p, vp, nk);
+  for (; i0 < D; i0 += N) acc_chunks<DT, R, 1>(acc, D, i0, p, vp, nk);
 }
 
 template <int DT>
 HWY_INLINE void scores_fast(const float* q, int rows, int D, const void* const* kp, int nk,
-                            hn::Vec<DF> mul, float* s) {
+                            float* s) {
   int r = 0;
-  for (; r + 4 <= rows; r += 4) score_group<DT, 4>(q + r * D, D, kp, nk, mul, s + r * kKeyTile);
+  for (; r + 4 <= rows; r += 4) score_group<DT, 4>(q + r * D, D, kp, nk, s + r * kKeyTile);
   switch (rows - r) {
-    case 3: score_group<DT, 3>(q + r * D, D, kp, nk, mul, s + r * kKeyTile); break;
-    case 2: score_group<DT, 2>(q + r * D, D, kp, nk, mul, s + r * kKeyTile); break;
-    case 1: score_group<DT, 1>(q + r * D, D, kp, nk, mul, s + r * kKeyTile); break;
+    case 3: score_group<DT, 3>(q + r * D, D, kp, nk, s + r * kKeyTile); break;
+    case 2: score_group<DT, 2>(q + r * D, D, kp, nk, s + r * kKeyTile); break;
+    case 1: score_group<DT, 1>(q + r * D, D, kp, nk, s + r * kKeyTile); break;
     default: break;
   }
 }
 
 template <int DT>
 HWY_INLINE void accumulate_fast(float* acc, int rows, int D, const float* p,
-                                const void* const* vp, int nk, hn::Vec<DF> mul) {
+                                const void* const* vp, int nk) {
   int r = 0;
-  for (; r + 4 <= rows; r += 4) acc_group<DT, 4>(acc + r * D, D, p + r * kKeyTile, vp, nk, mul);
+  for (; r + 4 <= rows; r += 4) acc_group<DT, 4>(acc + r * D, D, p + r * kKeyTile, vp, nk);
   switch (rows - r) {
-    case 3: acc_group<DT, 3>(acc + r * D, D, p + r * kKeyTile, vp, nk, mul); break;
-    case 2: acc_group<DT, 2>(acc + r * D, D, p + r * kKeyTile, vp, nk, mul); break;
-    case 1: acc_group<DT, 1>(acc + r * D, D, p + r * kKeyTile, vp, nk, mul); break;
+    case 3: acc_group<DT, 3>(acc + r * D, D, p + r * kKeyTile, vp, nk); break;
+    case 2: acc_group<DT, 2>(acc + r * D, D, p + r * kKeyTile, vp, nk); break;
+    case 1: acc_group<DT, 1>(acc + r * D, D, p + r * kKeyTile, vp, nk); break;
     default: break;
   }
 }
@@ -657,7 +678,8 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
       float* qr = sc->q + static_cast<size_t>(r) * Dp;
       load_row(qp, it.dtype, 1.0f, qr, D);
       for (int i = D; i < Dp; ++i) qr[i] = 0.0f;
-      scale_row(qr, it.scale, Dp);
+      // The in-register path loads fp8 keys unscaled: fold their factor into q.
+      scale_row(qr, DT >= 0 ? it.scale * fp8_factor(it.kv.dtype, it.kv.k_scale) : it.scale, Dp);
       memset(sc->acc + static_cast<size_t>(r) * Dp, 0, sizeof(float) * static_cast<size_t>(Dp));
       sc->m[r] = kNegInf;
       sc->l[r] = 0.0f;
@@ -684,15 +706,13 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
   const void* kptr[kKeyTile];
   const void* vptr[kKeyTile];
-  const auto kmul = fp8_mul(it.kv.dtype, it.kv.k_scale);
-  const auto vmul = fp8_mul(it.kv.dtype, it.kv.v_scale);
 
   prefetch_first(it, kbeg, kend);
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
     if constexpr (DT >= 0) {
       key_ptrs(it, kt0, nk, kptr, vptr, kend);
-      scores_fast<DT>(sc->q, rows, D, kptr, nk, kmul, sc->s);
+      scores_fast<DT>(sc->q, rows, D, kptr, nk, sc->s);
     } else {
       load_tile(it, false, kt0, nk, sc->kt, Dp, kend);
       scores(sc->q, sc->kt, rows, nk, Dp, sc->s);
@@ -740,10 +760,18 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
     }
     if (!any) continue;
     if constexpr (DT >= 0) {
-      accumulate_fast<DT>(sc->acc, rows, D, sc->s, vptr, nk, vmul);
+      accumulate_fast<DT>(sc->acc, rows, D, sc->s, vptr, nk);
     } else {
       load_tile(it, true, kt0, nk, sc->vt, Dp, 0);
       accumulate(sc->acc, sc->s, sc->vt, rows, nk, Dp);
+    }
+  }
+
+  // The in-register path accumulated unscaled fp8 values: apply their factor once.
+  if constexpr (DT >= 0) {
+    const float vf = fp8_factor(it.kv.dtype, it.kv.v_scale);
+    if (vf != 1.0f) {
+      for (int r = 0; r < rows; ++r) scale_row(sc->acc + static_cast<size_t>(r) * Dp, vf, Dp);
     }
   }
 
