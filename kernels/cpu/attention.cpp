@@ -565,23 +565,42 @@ HWY_INLINE void reduce_rows(const hn::Vec<DF>* a, float* out) {
   for (int j = 0; j < R; ++j) out[j * kKeyTile] = hn::GetLane(hn::SumOfLanes(d, a[j]));
 }
 
-// Scores of R rows (q at stride D) against nk keys, converting K in registers.
+// Scores of R rows (q at stride D) against KB keys from k, converting K in registers; each q
+// load serves KB keys.
+template <int DT, int R, int KB>
+HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const* kp, int k,
+                           float* HWY_RESTRICT s) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  hn::Vec<DF> a[KB][R];
+  HWY_UNROLL(4)
+  for (int b = 0; b < KB; ++b) {
+    HWY_UNROLL(4)
+    for (int j = 0; j < R; ++j) a[b][j] = hn::Zero(d);
+  }
+  for (int i = 0; i < D; i += N) {
+    hn::Vec<DF> qv[R];
+    HWY_UNROLL(4)
+    for (int j = 0; j < R; ++j) qv[j] = hn::Load(d, q + j * D + i);
+    HWY_UNROLL(4)
+    for (int b = 0; b < KB; ++b) {
+      const auto kv = load_vec<DT>(kp[k + b], i);
+      HWY_UNROLL(4)
+      for (int j = 0; j < R; ++j) a[b][j] = hn::MulAdd(qv[j], kv, a[b][j]);
+    }
+  }
+  HWY_UNROLL(4)
+  for (int b = 0; b < KB; ++b) reduce_rows<R>(a[b], s + k + b);
+}
+
 template <int DT, int R>
 HWY_INLINE void score_group(const float* HWY_RESTRICT q, int D, const void* const* kp, int nk,
                             float* HWY_RESTRICT s) {
-  const DF d;
-  const int N = static_cast<int>(hn::Lanes(d));
-  for (int k = 0; k < nk; ++k) {
-    hn::Vec<DF> a[R];
-    HWY_UNROLL(4)
-    for (int j = 0; j < R; ++j) a[j] = hn::Zero(d);
-    for (int i = 0; i < D; i += N) {
-      const auto kv = load_vec<DT>(kp[k], i);
-      HWY_UNROLL(4)
-      for (int j = 0; j < R; ++j) a[j] = hn::MulAdd(hn::Load(d, q + j * D + i), kv, a[j]);
-    }
-    reduce_rows<R>(a, s + k);
-  }
+  // Registers: KB x R accumulators + R q + one k; 4 x 4 fits AVX-512's 32, 2 x 4 AVX2's 16.
+  constexpr int KB = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
+  int k = 0;
+  for (; k + KB <= nk; k += KB) score_keys<DT, R, KB>(q, D, kp, k, s);
+  for (; k < nk; ++k) score_keys<DT, R, 1>(q, D, kp, k, s);
 }
 
 // acc rows (stride D) += sum_k p[j][k] * v_k for R rows, converting V in registers. Keys outer,
