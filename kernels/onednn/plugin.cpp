@@ -34,7 +34,8 @@ namespace {
 
 constexpr int kMaxM = 256;    // query rows (tokens x heads of a GQA group) per oneDNN tile
 constexpr int kTK = 128;      // keys per oneDNN tile (at most; short sequences use fewer)
-constexpr int kMinTile = 16;  // smallest M and TK: tiles are powers of two from here
+constexpr int kMinTile = 16;
+constexpr int kMaxParts = 8;  // split-KV parts per item at most  // smallest M and TK: tiles are powers of two from here
 constexpr int kMaxD = pa_cpu::kMaxHeadSize;
 constexpr size_t kAlign = 64;
 
@@ -89,6 +90,7 @@ struct BatchWork {
   std::mutex mu;                   // forwards on one batch share its workers
   std::vector<Worker> workers;
   std::vector<int64_t> prefix;     // [cap_num_seqs + 1] items before each sequence
+  std::vector<float> part_acc, part_m, part_l;  // split-KV partial states (see forward)
   std::vector<void*> blocks;       // aligned allocations to free
 };
 
@@ -476,6 +478,12 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
   try {
     w = new BatchWork;
     w->prefix.assign(static_cast<size_t>(batch->cap_num_seqs) + 1, 0);
+    if (batch->cap_seq_len >= 2048) {  // only long sequences are split
+      const size_t slots = static_cast<size_t>(2 * b->threads) * kMaxParts;
+      w->part_acc.assign(slots * pa_cpu::kMaxRows * kMaxD, 0.0f);
+      w->part_m.assign(slots * pa_cpu::kMaxRows, 0.0f);
+      w->part_l.assign(slots * pa_cpu::kMaxRows, 0.0f);
+    }
     w->workers.resize(static_cast<size_t>(b->threads));
     const size_t sizes[6] = {sizeof(pa_cpu::Scratch), sizeof(float) * kMaxM * kMaxD,
                              sizeof(float) * kTK * kMaxD, sizeof(float) * kTK * kMaxD,
@@ -588,9 +596,8 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   std::atomic<int> failed{0};
   std::string err;
 
-  b->pool->run(total, [&](int worker, int64_t i) {
-    if (failed.load(std::memory_order_relaxed)) return;
-    Worker& wk = w->workers[static_cast<size_t>(worker)];
+  // Work item i (in sequence order) as an AttnItem; *dnnl tells which path runs it.
+  auto make_item = [&](int64_t i, pa_cpu::AttnItem& it, bool* dnnl) {
     const int s = static_cast<int>(
         std::upper_bound(w->prefix.begin(), w->prefix.begin() + bt.num_seqs + 1, i) -
         w->prefix.begin() - 1);
@@ -603,7 +610,6 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     j %= static_cast<int64_t>(Hkv) * sp.nhc;
     const int kvh = static_cast<int>(j / sp.nhc), hchunk = static_cast<int>(j % sp.nhc);
 
-    pa_cpu::AttnItem it;
     memset(&it, 0, sizeof it);
     it.q = a->q.data;
     it.out = a->out.data;
@@ -662,8 +668,54 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     }
     it.key0 = 0;
     it.key1 = it.num_keys;
+    *dnnl = sp.dnnl;
+  };
+
+  // Split-KV: when a decode-only step has fewer items than 2 x threads (one long sequence, MQA),
+  // each item's keys are cut into parts computed in parallel, then merged.
+  int parts = 1;
+  if (total < 2 * static_cast<int64_t>(b->threads) && bt.max_query_len < b->min_query &&
+      bt.max_seq_len >= 2048 && !w->part_acc.empty()) {
+    parts = static_cast<int>(std::min<int64_t>(kMaxParts, (2 * b->threads + total - 1) / total));
+    if (total * parts > static_cast<int64_t>(w->part_m.size() / pa_cpu::kMaxRows)) parts = 1;
+  }
+  if (parts > 1) {
+    const int64_t acc_stride = static_cast<int64_t>(pa_cpu::kMaxRows) * kMaxD;
+    b->pool->run(total * parts, [&](int worker, int64_t j) {
+      pa_cpu::AttnItem it;
+      bool dnnl;
+      make_item(j / parts, it, &dnnl);
+      const int p = static_cast<int>(j % parts);
+      const int64_t n = it.num_keys;
+      it.key0 = n * p / parts;
+      it.key1 = n * (p + 1) / parts;
+      it.out = nullptr;
+      it.part_acc = w->part_acc.data() + j * acc_stride;
+      it.part_m = w->part_m.data() + j * pa_cpu::kMaxRows;
+      it.part_l = w->part_l.data() + j * pa_cpu::kMaxRows;
+      pa_cpu::attention_item(b->target.index, it, w->workers[static_cast<size_t>(worker)].cpu);
+    });
+    b->pool->run(total, [&](int, int64_t i) {
+      pa_cpu::AttnItem it;
+      bool dnnl;
+      make_item(i, it, &dnnl);
+      const int64_t j = i * parts;
+      pa_cpu::attention_merge_parts(b->target.index, it, parts,
+                                    w->part_acc.data() + j * acc_stride, acc_stride,
+                                    w->part_m.data() + j * pa_cpu::kMaxRows,
+                                    w->part_l.data() + j * pa_cpu::kMaxRows, pa_cpu::kMaxRows);
+    });
+    return PAGEDATTN_OK;
+  }
+
+  b->pool->run(total, [&](int worker, int64_t i) {
+    if (failed.load(std::memory_order_relaxed)) return;
+    Worker& wk = w->workers[static_cast<size_t>(worker)];
+    pa_cpu::AttnItem it;
+    bool dnnl;
+    make_item(i, it, &dnnl);
     try {
-      if (sp.dnnl) {
+      if (dnnl) {
         tile_item(b, wk, it, bf16);
       } else {
         pa_cpu::attention_item(b->target.index, it, wk.cpu);
