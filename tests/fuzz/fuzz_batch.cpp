@@ -152,6 +152,12 @@ void build(Desc& out, Input& in, const Geo& g, bool cross_cache) {
     d->max_blocks_per_seq = in.near_i32(d->block_table_stride);
     d->max_num_encoder_tokens = in.near_i64(0);
     d->max_seq_len = in.near_i64(0);
+    /* Large capacities make the core reserve num_seqs x max_blocks_per_seq host entries outside
+     * memory_limit (reported; reproducer FailureModes.DISABLED_BatchHostTablesOverMemoryLimit):
+     * keep them small enough not to hit libFuzzer's memory limit over and over. */
+    if (d->max_num_seqs > 4096 || d->max_blocks_per_seq > 4096 ||
+        d->max_num_tokens > (1 << 20) || d->max_num_encoder_tokens > (1 << 20))
+      out.skip = true;
   }
 }
 

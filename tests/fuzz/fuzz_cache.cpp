@@ -172,7 +172,8 @@ void op_write(Cache& c, Input& in) {
   paf::make_tensor(v, in, shp, paf::dl_of(mdt), true);
   const bool i64 = in.flag();
   const pagedattn_dlpack_dtype sdt{PAGEDATTN_DLPACK_INT, static_cast<uint8_t>(i64 ? 64 : 32), 1};
-  paf::make_tensor(s, in, {T}, sdt, false);
+  const pagedattn_dlpack_dtype other{PAGEDATTN_DLPACK_INT, static_cast<uint8_t>(i64 ? 32 : 64), 1};
+  paf::make_tensor(s, in, {T}, sdt, false, size_t(1) << 20, &other); /* int32 or int64 */
   const int64_t nslots = static_cast<int64_t>(c.d.num_blocks) * c.d.block_size;
   bool bad_slot = false;
   std::vector<int64_t> slots;
@@ -181,7 +182,7 @@ void op_write(Cache& c, Input& in) {
     if (s.esize == 8) std::memcpy(s.mem->data() + off, &val, 8);
     else {
       const int32_t v32 = static_cast<int32_t>(val);
-      std::memcpy(s.mem->data() + off, &v32, 4);
+      std::memcpy(s.mem->data() + off, &v32, std::min<size_t>(s.esize, 4));
     }
     const int64_t got = s.esize == 8 ? val : static_cast<int32_t>(val);
     if (got < -1 || got >= nslots) bad_slot = true;
@@ -217,7 +218,14 @@ void op_write(Cache& c, Input& in) {
               pagedattn_status_string(st));
     return;
   }
-  PAF_CHECK(!must_fail && !null_k && !null_v, "kv_cache_write accepted a bad call");
+  PAF_CHECK(!must_fail && !null_k && !null_v,
+            "kv_cache_write accepted a bad call: slot %d scale %d layer %d key %d/%d value %d/%d "
+            "slots %d/%d (ndim %d, dtype %u/%u/%u, shape0 %lld, stride0 %lld, T %d) null %d%d",
+            bad_slot, bad_scale, layer, k.malformed, k.overflow, v.malformed, v.overflow,
+            s.malformed, s.overflow, s.t.ndim, s.t.dtype.code, s.t.dtype.bits, s.t.dtype.lanes,
+            s.t.ndim > 0 && s.t.shape ? static_cast<long long>(s.t.shape[0]) : -1LL,
+            s.t.ndim > 0 && s.t.strides ? static_cast<long long>(s.t.strides[0]) : -1LL, T,
+            null_k, null_v);
   std::set<int64_t> target(slots.begin(), slots.end());
   c.check_changes(
       [&](int32_t l, int, int32_t b, int32_t sl) {

@@ -229,7 +229,8 @@ inline size_t dl_size(pagedattn_dlpack_dtype d) { return d.bits >= 8 ? d.bits / 
 
 inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
                         pagedattn_dlpack_dtype want_dt, bool fill_random,
-                        size_t max_bytes = size_t(1) << 20) {
+                        size_t max_bytes = size_t(1) << 20,
+                        const pagedattn_dlpack_dtype* also_ok = nullptr) {
   const int wn = static_cast<int>(want.size());
   pagedattn_tensor& t = f.t;
   t.ndim = in.near_i32(wn);
@@ -251,9 +252,10 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     t.dtype.code = in.u8() % 16;
     t.dtype.bits = static_cast<uint8_t>(in.u8() % 2 ? 8u << (in.u8() % 3) : in.u8());
     t.dtype.lanes = static_cast<uint16_t>(in.u8() < 200 ? 1 : in.u16());
-    if (t.dtype.code != want_dt.code || t.dtype.bits != want_dt.bits ||
-        t.dtype.lanes != want_dt.lanes)
-      f.malformed = true;
+    auto same = [&](const pagedattn_dlpack_dtype& d) {
+      return t.dtype.code == d.code && t.dtype.bits == d.bits && t.dtype.lanes == d.lanes;
+    };
+    if (!same(want_dt) && !(also_ok && same(*also_ok))) f.malformed = true;
   }
   f.esize = dl_size(t.dtype);
   t.device.device_type = PAGEDATTN_DEVICE_CPU;
@@ -278,8 +280,13 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
       if (sm >= 160) f.strides[i] = in.near_i64(compact[i] + (i + 1 < n ? in.u8() % 3 : 0));
     }
     t.strides = f.strides.data();
-    if (n > 0 && f.strides[n - 1] != 1) f.malformed = true;
   }
+  /* A non-unit innermost stride must be refused, except on a tensor with no elements, which
+   * the library may skip without looking at its strides. */
+  bool no_elems = false;
+  for (int i = 0; i < n; ++i)
+    if (f.shape[i] == 0) no_elems = true;
+  if (t.strides && n > 0 && f.strides[n - 1] != 1 && !no_elems) f.malformed = true;
   t.byte_offset = 0;
   const uint8_t om = in.u8();
   if (om >= 200) t.byte_offset = om >= 250 ? in.u64() : (in.u8() % 8) * f.esize + (om == 249);

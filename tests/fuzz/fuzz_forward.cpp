@@ -205,8 +205,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const int32_t layer = in.near_i32(in.range(0, cd.num_layers - 1));
 
   /* k/v are only read with write_kv or for the encoder types; otherwise they are ignored. */
-  const bool kv_used = o->write_kv != 0 || o->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
-                       o->attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
+  int32_t raw_type; /* read as an int: the field may hold any value a C caller wrote */
+  std::memcpy(&raw_type, &o->attention_type, sizeof raw_type);
+  const bool kv_used = o->write_kv != 0 || raw_type == PAGEDATTN_ATTENTION_ENCODER ||
+                       raw_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
   std::vector<FTensor*> all = {&q, &out};
   if (pass_kv && kv_used) {
     all.push_back(&k);
