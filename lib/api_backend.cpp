@@ -192,8 +192,10 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_create(pagedattn_backend** out,
     if (o.flags != 0)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->flags = 0x%x, must be 0", o.flags);
     if (std::strcmp(name, "auto") == 0) {
-      /* First that creates successfully of cuda, hip, cpu. */
-      static const int32_t order[] = {2, 3, 0};
+      /* First that creates successfully of cuda, hip, onednn, cpu. onednn runs decode with the
+       * cpu kernels and prefill through oneDNN matmuls, which bench/RESULTS.md measured faster
+       * than cpu for every chunk of 16+ tokens and equal below, so it wins whenever it loads. */
+      static const int32_t order[] = {2, 3, 1, 0};
       std::string reasons;
       for (int32_t idx : order) {
         try {

@@ -86,8 +86,9 @@ PAGEDATTN_API int32_t pagedattn_backend_count(void);
 PAGEDATTN_API pagedattn_status pagedattn_backend_get_info(pagedattn_backend_info* out,
                                                          int32_t index);
 
-/* Creates a backend by name: "cpu", "onednn", "cuda", "hip", or "auto" (the first available of
- * cuda, hip, onednn, cpu; on CPU, onednn only where it is faster — see README). opts may be NULL
+/* Creates a backend by name: "cpu", "onednn", "cuda", "hip", or "auto" (the first that can be
+ * created of cuda, hip, onednn, cpu: onednn shares the cpu kernels for decode and is faster for
+ * prefill chunks, so it is preferred whenever its plugin loads — see README). opts may be NULL
  * for defaults. On success *out owns a new handle; free it with pagedattn_backend_destroy.
  * Returns: PAGEDATTN_ERROR_NULL_POINTER (out or name), PAGEDATTN_ERROR_STRUCT_SIZE,
  * PAGEDATTN_ERROR_INVALID_ARGUMENT (negative thread count or device index, flags != 0),

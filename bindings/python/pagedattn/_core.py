@@ -246,7 +246,7 @@ class Backend(_Handle):
     """A compute backend: ``"cpu"``, ``"onednn"``, ``"cuda"``, ``"hip"`` or ``"auto"``.
 
     Args:
-        name: backend name (``"auto"`` picks the first available of cuda, hip, then cpu).
+        name: backend name (``"auto"`` picks the first available of cuda, hip, onednn, then cpu).
         device_index: GPU ordinal (0 on CPU).
         num_threads: CPU worker threads, 0 = one per online core.
         memory_limit: bytes this backend may allocate (0 = unlimited).
