@@ -156,7 +156,8 @@ void build(Desc& out, Input& in, const Geo& g, bool cross_cache) {
      * memory_limit (reported; reproducer FailureModes.DISABLED_BatchHostTablesOverMemoryLimit):
      * keep them small enough not to hit libFuzzer's memory limit over and over. */
     if (d->max_num_seqs > 4096 || d->max_blocks_per_seq > 4096 ||
-        d->max_num_tokens > (1 << 20) || d->max_num_encoder_tokens > (1 << 20))
+        d->max_num_tokens > (1 << 20) || d->max_num_encoder_tokens > (1 << 20) ||
+        d->max_seq_len > (1 << 20)) /* sizes the cross tables: num_seqs x max_seq_len/bs */
       out.skip = true;
   }
 }

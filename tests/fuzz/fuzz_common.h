@@ -312,7 +312,13 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     }
   }
   const __int128 bytes = (hi - lo) * static_cast<__int128>(f.esize);
-  if (f.overflow || bytes > static_cast<__int128>(max_bytes) ||
+  /* Without a readable shape no element can be located: nothing is backed. */
+  const bool locatable = empty || t.shape != nullptr;
+  if (!locatable) {
+    f.mem = std::make_unique<Guarded>(16);
+    t.data = f.mem->data();
+    f.lo = 0;
+  } else if (f.overflow || bytes > static_cast<__int128>(max_bytes) ||
       t.byte_offset > (uint64_t(1) << 20)) {
     /* Cannot be backed: a tiny buffer, so a call that wrongly accepts it is caught by ASan. */
     if (!f.overflow) f.skip = true;

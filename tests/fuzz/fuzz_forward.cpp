@@ -204,10 +204,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   pagedattn_kv_cache* cache_arg = hm == 254 ? nullptr : cache.h;
   const int32_t layer = in.near_i32(in.range(0, cd.num_layers - 1));
 
-  /* k/v are only read with write_kv or for the encoder types; otherwise they are ignored. */
+  /* k/v are only read when there are rows to store, or for the encoder types. */
   int32_t raw_type; /* read as an int: the field may hold any value a C caller wrote */
   std::memcpy(&raw_type, &o->attention_type, sizeof raw_type);
-  const bool kv_used = o->write_kv != 0 || raw_type == PAGEDATTN_ATTENTION_ENCODER ||
+  const bool kv_used = (o->write_kv != 0 && rows > 0) || raw_type == PAGEDATTN_ATTENTION_ENCODER ||
                        raw_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
   std::vector<FTensor*> all = {&q, &out};
   if (pass_kv && kv_used) {
@@ -262,7 +262,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               pagedattn_status_string(st));
     return 0;
   }
-  PAF_CHECK(!must_fail, "forward accepted a bad call: %s", why.c_str());
+  PAF_CHECK(!must_fail, "forward accepted a bad call: %s(type %d, write_kv %d, T %lld, rows %lld)",
+            why.c_str(), raw_type, o->write_kv, static_cast<long long>(T),
+            static_cast<long long>(rows));
   out.check_writes_inside("forward out");
   if (want_lse) lse.check_writes_inside("forward lse");
   /* The cache changes only where this step's keys go. */

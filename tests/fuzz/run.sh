@@ -3,7 +3,7 @@
 # coverage) and runs each one time-boxed on its seed corpus.
 #   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]    (default 60 s; targets: batch cache forward)
 # Environment: FUZZ_BUILDDIR (default build-fuzz), FUZZ_JOBS (libFuzzer -jobs, default 1),
-# NINJAFLAGS. New inputs go to $FUZZ_BUILDDIR/corpus/<target>, crashes to
+# FUZZ_NO_REBUILD=1 (fuzz the library already built there), NINJAFLAGS. New inputs go to $FUZZ_BUILDDIR/corpus/<target>, crashes to
 # $FUZZ_BUILDDIR/artifacts/. Prints one "fuzz <target>: ..." line per target with executions,
 # coverage and crashes; exits non-zero if any target found something.
 set -uo pipefail
@@ -42,14 +42,18 @@ opts=(-Dbuildtype=debugoptimized -Db_ndebug=false -Db_lundef=false
       "-Dc_args=$lib_args" "-Dcpp_args=$lib_args"
       "-Dc_link_args=-fsanitize=address,undefined" "-Dcpp_link_args=-fsanitize=address,undefined")
 setup_log="$probe/setup.log"
-if [ -f "$build/meson-private/coredata.dat" ]; then
+if [ "${FUZZ_NO_REBUILD:-0}" = 1 ] && [ -f "$build/lib/libpagedattn.so" ]; then
+  echo "fuzz: using the library already in $build (FUZZ_NO_REBUILD=1)"
+elif [ -f "$build/meson-private/coredata.dat" ]; then
   CC=$CC CXX=$CXX meson setup --reconfigure "$build" "${opts[@]}" > "$setup_log" 2>&1 ||
     CC=$CC CXX=$CXX meson setup --wipe "$build" "${opts[@]}" > "$setup_log" 2>&1
 else
   CC=$CC CXX=$CXX meson setup "$build" "${opts[@]}" > "$setup_log" 2>&1
 fi || { cat "$setup_log"; echo "fuzz: FAIL: meson setup"; exit 1; }
-# shellcheck disable=SC2086
-ninja -C "$build" ${NINJAFLAGS:-} lib/libpagedattn.so.0.1.0 || { echo "fuzz: FAIL: build"; exit 1; }
+if [ "${FUZZ_NO_REBUILD:-0}" != 1 ]; then
+  # shellcheck disable=SC2086
+  ninja -C "$build" ${NINJAFLAGS:-} lib/libpagedattn.so.0.1.0 || { echo "fuzz: FAIL: build"; exit 1; }
+fi
 
 mkdir -p "$build/fuzz" "$build/artifacts"
 status=0
