@@ -28,6 +28,96 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 using DF = hn::ScalableTag<float>;
 
+// ---- Cache element conversion ----
+
+// N fp8 elements at p + i as float32, unscaled; e4m3 comes back 2^-8 too small (its exponent bias
+// is 8 below f16's). Callers fold fp8_factor into q (keys) and the accumulators (values).
+template <int DT>
+HWY_INLINE hn::Vec<DF> load_fp8(const void* p, int i) {
+  const DF d;
+  const hn::Rebind<int8_t, DF> d8;
+  const int8_t* src = static_cast<const int8_t*>(p) + i;
+#if HWY_TARGET >= HWY_SSE4
+  // No F16C here: Highway converts f16 in software without inf/NaN, so build float32 bits directly.
+  const hn::RebindToSigned<DF> di;
+  const auto w = hn::PromoteTo(di, hn::LoadU(d8, src));  // sign-extended
+  const auto sign = hn::And(w, hn::Set(di, static_cast<int32_t>(0x80000000u)));
+  const auto m = hn::And(w, hn::Set(di, 0x7F));
+  if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
+    auto r = hn::Add(hn::ShiftLeft<20>(m), hn::Set(di, 112 << 23));
+    const auto sub = hn::BitCast(di, hn::Mul(hn::ConvertTo(d, m), hn::Set(d, 1.0f / 131072.0f)));
+    r = hn::IfThenElse(hn::Lt(m, hn::Set(di, 8)), sub, r);
+    r = hn::IfThenElse(hn::Eq(m, hn::Set(di, 0x7F)), hn::Set(di, 0x7FC00000), r);
+    return hn::BitCast(d, hn::Or(r, sign));
+  } else {
+    auto r = hn::Add(hn::ShiftLeft<21>(m), hn::Set(di, 112 << 23));
+    // Exponent 31 (inf/NaN) needs 112 more to reach float32's 255.
+    r = hn::Add(r, hn::IfThenElseZero(hn::Lt(hn::Set(di, 0x7B), m), hn::Set(di, 112 << 23)));
+    const auto sub = hn::BitCast(di, hn::Mul(hn::ConvertTo(d, m), hn::Set(d, 1.0f / 65536.0f)));
+    r = hn::IfThenElse(hn::Lt(m, hn::Set(di, 4)), sub, r);
+    return hn::BitCast(d, hn::Or(r, sign));
+  }
+#else
+  // fp8 -> f16 bit pattern (exact), then the hardware f16 -> f32 conversion, so fp8 subnormals
+  // never reach a float32 multiply as denormals. Sign extension copies the sign into bits 8..15:
+  // one shift puts it at bit 15.
+  const hn::Rebind<int16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto x = hn::PromoteTo(d16, hn::LoadU(d8, src));
+  if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
+    // Bit 14 (a sign copy) cleared; e and m land in f16's exponent and mantissa.
+    auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, static_cast<int16_t>(0xBF80)));
+    // 0x7F/0xFF are e4m3fn's NaN (a NaN store gives them): f16 exponent 31 keeps them NaN.
+    const auto k3f80 = hn::Set(d16, static_cast<int16_t>(0x3F80));
+    const auto nan = hn::Eq(hn::And(h, k3f80), k3f80);
+    h = hn::Or(h, hn::And(hn::VecFromMask(d16, nan), hn::Set(d16, static_cast<int16_t>(0x4000))));
+    return hn::PromoteTo(d, hn::BitCast(dh, h));
+  } else {
+    return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(x)));  // e5m2 is f16's top byte
+  }
+#endif
+}
+
+// N float16 elements at p + i as float32.
+HWY_INLINE hn::Vec<DF> load_f16(const void* p, int i) {
+  const DF d;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto f = hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(p) + i));
+#if HWY_TARGET >= HWY_SSE4
+  // Highway's software conversion reads exponent 31 as a finite 2^16..: make it inf/NaN.
+  const hn::RebindToUnsigned<DF> du;
+  const hn::Rebind<uint16_t, DF> du16;
+  const auto w = hn::PromoteTo(du, hn::LoadU(du16, static_cast<const uint16_t*>(p) + i));
+  const auto k7c00 = hn::Set(du, 0x7C00u);
+  const auto special = hn::Eq(hn::And(w, k7c00), k7c00);
+  return hn::BitCast(d, hn::IfThenElse(special, hn::Or(hn::BitCast(du, f), hn::Set(du, 0x7F800000u)),
+                                       hn::BitCast(du, f)));
+#else
+  return f;
+#endif
+}
+
+// N elements of cache type DT at p + i as float32 (fp8 as load_fp8).
+template <int DT>
+HWY_INLINE hn::Vec<DF> load_vec(const void* p, int i) {
+  const DF d;
+  if constexpr (DT == PAGEDATTN_DTYPE_FLOAT32) {
+    return hn::LoadU(d, static_cast<const float*>(p) + i);
+  } else if constexpr (DT == PAGEDATTN_DTYPE_BFLOAT16) {
+    const hn::Rebind<hwy::bfloat16_t, DF> db;
+    return hn::PromoteTo(d, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(p) + i));
+  } else if constexpr (DT == PAGEDATTN_DTYPE_FLOAT16) {
+    return load_f16(p, i);
+  } else {
+    return load_fp8<DT>(p, i);
+  }
+}
+
+HWY_INLINE float fp8_factor(pagedattn_dtype dt, float scale) {
+  if (dt == PAGEDATTN_DTYPE_FP8_E4M3) return scale * 256.0f;
+  return dt == PAGEDATTN_DTYPE_FP8_E5M2 ? scale : 1.0f;
+}
+
 // Converts n (a multiple of 8) elements of src to float32 in dst, times `scale` for fp8.
 HWY_INLINE void load_row(const void* src, pagedattn_dtype dt, float scale, float* HWY_RESTRICT dst,
                          int n) {
@@ -46,35 +136,19 @@ HWY_INLINE void load_row(const void* src, pagedattn_dtype dt, float scale, float
       break;
     }
     case PAGEDATTN_DTYPE_FLOAT16: {
-      const hn::Rebind<hwy::float16_t, DF> dh;
-      const hwy::float16_t* p = static_cast<const hwy::float16_t*>(src);
-      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, p + i)), d, dst + i);
+      for (; i + N <= n; i += N) hn::StoreU(load_f16(src, i), d, dst + i);
       break;
     }
-    case PAGEDATTN_DTYPE_FP8_E5M2:
     case PAGEDATTN_DTYPE_FP8_E4M3: {
-      // fp8 -> f16 bit pattern (exact), then the hardware f16 -> f32 conversion, so fp8
-      // subnormals never reach a float32 multiply as denormals. e4m3's exponent bias (7) is 8
-      // below f16's (15): fold 2^8 into the scale.
-      const hn::Rebind<uint8_t, DF> d8;
-      const hn::Rebind<uint16_t, DF> d16;
-      const hn::Rebind<hwy::float16_t, DF> dh;
-      const uint8_t* p = static_cast<const uint8_t*>(src);
-      const bool e4m3 = dt == PAGEDATTN_DTYPE_FP8_E4M3;
-      const auto mul = hn::Set(d, e4m3 ? scale * 256.0f : scale);
-      const auto k80 = hn::Set(d16, 0x80), k7f = hn::Set(d16, 0x7F);
-      if (e4m3) {
-        for (; i + N <= n; i += N) {
-          const auto x = hn::PromoteTo(d16, hn::LoadU(d8, p + i));
-          const auto h = hn::Or(hn::ShiftLeft<8>(hn::And(x, k80)), hn::ShiftLeft<7>(hn::And(x, k7f)));
-          hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), mul), d, dst + i);
-        }
-      } else {
-        for (; i + N <= n; i += N) {
-          const auto h = hn::ShiftLeft<8>(hn::PromoteTo(d16, hn::LoadU(d8, p + i)));
-          hn::StoreU(hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), mul), d, dst + i);
-        }
-      }
+      const auto mul = hn::Set(d, fp8_factor(dt, scale));
+      for (; i + N <= n; i += N)
+        hn::StoreU(hn::Mul(load_fp8<PAGEDATTN_DTYPE_FP8_E4M3>(src, i), mul), d, dst + i);
+      break;
+    }
+    case PAGEDATTN_DTYPE_FP8_E5M2: {
+      const auto mul = hn::Set(d, fp8_factor(dt, scale));
+      for (; i + N <= n; i += N)
+        hn::StoreU(hn::Mul(load_fp8<PAGEDATTN_DTYPE_FP8_E5M2>(src, i), mul), d, dst + i);
       break;
     }
     default:
@@ -480,41 +554,6 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
   }
 }
 
-// ---- In-register conversion (decode fast path: head size a multiple of the vector length) ----
-
-// N elements of cache type DT at p + i as float32. fp8 comes back unscaled (e4m3 also 2^-8 too
-// small): the caller folds fp8_factor into q (keys) and into the final accumulators (values).
-template <int DT>
-HWY_INLINE hn::Vec<DF> load_vec(const void* p, int i) {
-  const DF d;
-  if constexpr (DT == PAGEDATTN_DTYPE_FLOAT32) {
-    return hn::LoadU(d, static_cast<const float*>(p) + i);
-  } else if constexpr (DT == PAGEDATTN_DTYPE_BFLOAT16) {
-    const hn::Rebind<hwy::bfloat16_t, DF> db;
-    return hn::PromoteTo(d, hn::LoadU(db, static_cast<const hwy::bfloat16_t*>(p) + i));
-  } else if constexpr (DT == PAGEDATTN_DTYPE_FLOAT16) {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(p) + i));
-  } else {
-    const hn::Rebind<uint8_t, DF> d8;
-    const hn::Rebind<uint16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto x = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const uint8_t*>(p) + i));
-    if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
-      const auto h = hn::Or(hn::ShiftLeft<8>(hn::And(x, hn::Set(d16, 0x80))),
-                            hn::ShiftLeft<7>(hn::And(x, hn::Set(d16, 0x7F))));
-      return hn::PromoteTo(d, hn::BitCast(dh, h));
-    } else {
-      return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(x)));
-    }
-  }
-}
-
-HWY_INLINE float fp8_factor(pagedattn_dtype dt, float scale) {
-  if (dt == PAGEDATTN_DTYPE_FP8_E4M3) return scale * 256.0f;
-  return dt == PAGEDATTN_DTYPE_FP8_E5M2 ? scale : 1.0f;
-}
-
 // Addresses of the K and V rows of keys [kt0, kt0 + nk), prefetching kPrefetchKeys ahead.
 HWY_INLINE void key_ptrs(const AttnItem& it, int64_t kt0, int nk, const void** kp,
                          const void** vp, int64_t pf_end) {
@@ -534,6 +573,44 @@ HWY_INLINE void key_ptrs(const AttnItem& it, int64_t kt0, int nk, const void** k
     kp[k] = static_cast<const char*>(s.k) + koff * esz;
     vp[k] = static_cast<const char*>(s.v) + voff * esz;
     if (pos + kPrefetchKeys < pf_end) prefetch_key(it, pos + kPrefetchKeys);
+  }
+}
+
+// bf16 decode reads K/V rows as full-width 32-bit words: the low halves are the even elements,
+// the high halves the odd ones, so bf16 -> f32 is one shift or one mask, no widening shuffle. q
+// and the accumulators hold each 2N-element chunk as [even elements, odd elements] (permute_pairs).
+constexpr int kBF16Pairs = 100;
+
+template <int DT>
+HWY_INLINE void load_pair(const void* p, int i, hn::Vec<DF>& lo, hn::Vec<DF>& hi) {
+  const DF d;
+  if constexpr (DT == kBF16Pairs) {
+    const hn::RebindToUnsigned<DF> du;
+    const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p) + i));
+    lo = hn::BitCast(d, hn::ShiftLeft<16>(w));
+    hi = hn::BitCast(d, hn::And(w, hn::Set(du, 0xFFFF0000u)));
+  } else {
+    lo = load_vec<DT>(p, i);
+    hi = load_vec<DT>(p, i + static_cast<int>(hn::Lanes(d)));
+  }
+}
+
+// Reorders each 2N-chunk of x (n floats, a multiple of 2N) between natural order and
+// [even elements, odd elements] (to_pairs false: back).
+HWY_INLINE void permute_pairs(float* x, int n, bool to_pairs) {
+  const int N = static_cast<int>(hn::Lanes(DF()));
+  float tmp[2 * hn::MaxLanes(DF())];
+  for (int c = 0; c < n; c += 2 * N) {
+    for (int j = 0; j < N; ++j) {
+      if (to_pairs) {
+        tmp[j] = x[c + 2 * j];
+        tmp[N + j] = x[c + 2 * j + 1];
+      } else {
+        tmp[2 * j] = x[c + j];
+        tmp[2 * j + 1] = x[c + N + j];
+      }
+    }
+    memcpy(x + c, tmp, sizeof(float) * 2 * static_cast<size_t>(N));
   }
 }
 
@@ -578,29 +655,76 @@ HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const
     HWY_UNROLL(4)
     for (int j = 0; j < R; ++j) a[b][j] = hn::Zero(d);
   }
-  for (int i = 0; i < D; i += N) {
-    hn::Vec<DF> qv[R];
-    HWY_UNROLL(4)
-    for (int j = 0; j < R; ++j) qv[j] = hn::Load(d, q + j * D + i);
-    HWY_UNROLL(4)
-    for (int b = 0; b < KB; ++b) {
-      const auto kv = load_vec<DT>(kp[k + b], i);
+  if constexpr (DT == kBF16Pairs) {
+    for (int i = 0; i < D; i += 2 * N) {
+      hn::Vec<DF> q0[R], q1[R];
       HWY_UNROLL(4)
-      for (int j = 0; j < R; ++j) a[b][j] = hn::MulAdd(qv[j], kv, a[b][j]);
+      for (int j = 0; j < R; ++j) {
+        q0[j] = hn::Load(d, q + j * D + i);
+        q1[j] = hn::Load(d, q + j * D + i + N);
+      }
+      HWY_UNROLL(4)
+      for (int b = 0; b < KB; ++b) {
+        hn::Vec<DF> k0, k1;
+        load_pair<DT>(kp[k + b], i, k0, k1);
+        HWY_UNROLL(4)
+        for (int j = 0; j < R; ++j) a[b][j] = hn::MulAdd(q1[j], k1, hn::MulAdd(q0[j], k0, a[b][j]));
+      }
+    }
+  } else {
+    for (int i = 0; i < D; i += N) {
+      hn::Vec<DF> qv[R];
+      HWY_UNROLL(4)
+      for (int j = 0; j < R; ++j) qv[j] = hn::Load(d, q + j * D + i);
+      HWY_UNROLL(4)
+      for (int b = 0; b < KB; ++b) {
+        const auto kv = load_vec<DT>(kp[k + b], i);
+        HWY_UNROLL(4)
+        for (int j = 0; j < R; ++j) a[b][j] = hn::MulAdd(qv[j], kv, a[b][j]);
+      }
     }
   }
   HWY_UNROLL(4)
   for (int b = 0; b < KB; ++b) reduce_rows<R>(a[b], s + k + b);
 }
 
+// The next tile's K/V rows, prefetched a few keys at a time between score blocks: a burst of a
+// whole tile's prefetches at once stalls the loads behind it instead of overlapping compute.
+struct TilePrefetch {
+  const void* const* k;
+  const void* const* v;
+  int n;
+  int64_t bytes;
+};
+
+HWY_INLINE void prefetch_rows(const TilePrefetch* pf, int k0, int k1) {
+  if (pf == nullptr) return;
+  k1 = std::min(k1, pf->n);
+  for (int k = k0; k < k1; ++k) {
+    const char* kp = static_cast<const char*>(pf->k[k]);
+    const char* vp = static_cast<const char*>(pf->v[k]);
+    for (int64_t b = 0; b < pf->bytes; b += 64) {
+      __builtin_prefetch(kp + b);
+      __builtin_prefetch(vp + b);
+    }
+  }
+}
+
 template <int DT, int R>
 HWY_INLINE void score_group(const float* HWY_RESTRICT q, int D, const void* const* kp, int nk,
-                            float* HWY_RESTRICT s) {
+                            float* HWY_RESTRICT s, const TilePrefetch* pf) {
   // Registers: KB x R accumulators + R q + one k; 4 x 4 fits AVX-512's 32, 2 x 4 AVX2's 16.
   constexpr int KB = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
   int k = 0;
-  for (; k + KB <= nk; k += KB) score_keys<DT, R, KB>(q, D, kp, k, s);
-  for (; k < nk; ++k) score_keys<DT, R, 1>(q, D, kp, k, s);
+  for (; k + KB <= nk; k += KB) {
+    score_keys<DT, R, KB>(q, D, kp, k, s);
+    prefetch_rows(pf, k, k + KB);
+  }
+  for (; k < nk; ++k) {
+    score_keys<DT, R, 1>(q, D, kp, k, s);
+    prefetch_rows(pf, k, k + 1);
+  }
+  if (pf != nullptr) prefetch_rows(pf, nk, pf->n);
 }
 
 // acc rows (stride D) += sum_k p[j][k] * v_k for R rows, converting V in registers. Keys outer,
@@ -620,11 +744,25 @@ HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* 
     hn::Vec<DF> pj[R];
     HWY_UNROLL(4)
     for (int j = 0; j < R; ++j) pj[j] = hn::Set(d, p[j * kKeyTile + k]);
-    HWY_UNROLL(4)
-    for (int c = 0; c < CH; ++c) {
-      const auto v = load_vec<DT>(vp[k], i0 + c * N);
+    if constexpr (DT == kBF16Pairs) {
+      static_assert(CH % 2 == 0, "bf16 pairs come two chunks at a time");
       HWY_UNROLL(4)
-      for (int j = 0; j < R; ++j) a[j][c] = hn::MulAdd(pj[j], v, a[j][c]);
+      for (int c = 0; c < CH; c += 2) {
+        hn::Vec<DF> v0, v1;
+        load_pair<DT>(vp[k], i0 + c * N, v0, v1);
+        HWY_UNROLL(4)
+        for (int j = 0; j < R; ++j) {
+          a[j][c] = hn::MulAdd(pj[j], v0, a[j][c]);
+          a[j][c + 1] = hn::MulAdd(pj[j], v1, a[j][c + 1]);
+        }
+      }
+    } else {
+      HWY_UNROLL(4)
+      for (int c = 0; c < CH; ++c) {
+        const auto v = load_vec<DT>(vp[k], i0 + c * N);
+        HWY_UNROLL(4)
+        for (int j = 0; j < R; ++j) a[j][c] = hn::MulAdd(pj[j], v, a[j][c]);
+      }
     }
   }
   HWY_UNROLL(4)
@@ -642,18 +780,23 @@ HWY_INLINE void acc_group(float* HWY_RESTRICT acc, int D, const float* HWY_RESTR
   const int N = static_cast<int>(hn::Lanes(DF()));
   int i0 = 0;
   for (; i0 + CH * N <= D; i0 += CH * N) acc_chunks<DT, R, CH>(acc, D, i0, p, vp, nk);
-  for (; i0 < D; i0 += N) acc_chunks<DT, R, 1>(acc, D, i0, p, vp, nk);
+  if constexpr (DT == kBF16Pairs) {
+    for (; i0 < D; i0 += 2 * N) acc_chunks<DT, R, 2>(acc, D, i0, p, vp, nk);
+  } else {
+    for (; i0 < D; i0 += N) acc_chunks<DT, R, 1>(acc, D, i0, p, vp, nk);
+  }
 }
 
 template <int DT>
 HWY_INLINE void scores_fast(const float* q, int rows, int D, const void* const* kp, int nk,
-                            float* s) {
+                            float* s, const TilePrefetch* pf) {
   int r = 0;
-  for (; r + 4 <= rows; r += 4) score_group<DT, 4>(q + r * D, D, kp, nk, s + r * kKeyTile);
+  for (; r + 4 <= rows; r += 4, pf = nullptr)  // the first row group issues the prefetches
+    score_group<DT, 4>(q + r * D, D, kp, nk, s + r * kKeyTile, pf);
   switch (rows - r) {
-    case 3: score_group<DT, 3>(q + r * D, D, kp, nk, s + r * kKeyTile); break;
-    case 2: score_group<DT, 2>(q + r * D, D, kp, nk, s + r * kKeyTile); break;
-    case 1: score_group<DT, 1>(q + r * D, D, kp, nk, s + r * kKeyTile); break;
+    case 3: score_group<DT, 3>(q + r * D, D, kp, nk, s + r * kKeyTile, pf); break;
+    case 2: score_group<DT, 2>(q + r * D, D, kp, nk, s + r * kKeyTile, pf); break;
+    case 1: score_group<DT, 1>(q + r * D, D, kp, nk, s + r * kKeyTile, pf); break;
     default: break;
   }
 }
@@ -699,6 +842,7 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
       for (int i = D; i < Dp; ++i) qr[i] = 0.0f;
       // The in-register path loads fp8 keys unscaled: fold their factor into q.
       scale_row(qr, DT >= 0 ? it.scale * fp8_factor(it.kv.dtype, it.kv.k_scale) : it.scale, Dp);
+      if constexpr (DT == kBF16Pairs) permute_pairs(qr, D, true);
       memset(sc->acc + static_cast<size_t>(r) * Dp, 0, sizeof(float) * static_cast<size_t>(Dp));
       sc->m[r] = kNegInf;
       sc->l[r] = 0.0f;
@@ -723,15 +867,29 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const int64_t kbeg = std::max(it.key0, row_lo(0));
   const int64_t kend = std::min(it.key1, row_hi(ntok - 1) + 1);
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
-  const void* kptr[kKeyTile];
-  const void* vptr[kKeyTile];
+  // This tile's and the next tile's row addresses (the next one is prefetched during scores).
+  const void* ptrs[2][2][kKeyTile];
+  int cur = 0;
+  const void** kptr = ptrs[0][0];
+  const void** vptr = ptrs[0][1];
+  const int64_t row_bytes = static_cast<int64_t>(D) * static_cast<int64_t>(elem_size(it.kv.dtype));
 
   prefetch_first(it, kbeg, kend);
+  if (DT >= 0 && kbeg < kend)
+    key_ptrs(it, kbeg, static_cast<int>(std::min<int64_t>(kKeyTile, kend - kbeg)), ptrs[0][0],
+             ptrs[0][1], 0);
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
     if constexpr (DT >= 0) {
-      key_ptrs(it, kt0, nk, kptr, vptr, kend);
-      scores_fast<DT>(sc->q, rows, D, kptr, nk, sc->s);
+      kptr = ptrs[cur][0];
+      vptr = ptrs[cur][1];
+      TilePrefetch pf{ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0, row_bytes};
+      if (kt0 + kKeyTile < kend) {
+        pf.n = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile));
+        key_ptrs(it, kt0 + kKeyTile, pf.n, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0);
+      }
+      scores_fast<DT>(sc->q, rows, D, kptr, nk, sc->s, &pf);
+      cur ^= 1;
     } else {
       load_tile(it, false, kt0, nk, sc->kt, Dp, kend);
       scores(sc->q, sc->kt, rows, nk, Dp, sc->s);
@@ -793,6 +951,9 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
       for (int r = 0; r < rows; ++r) scale_row(sc->acc + static_cast<size_t>(r) * Dp, vf, Dp);
     }
   }
+  if constexpr (DT == kBF16Pairs) {
+    for (int r = 0; r < rows; ++r) permute_pairs(sc->acc + static_cast<size_t>(r) * Dp, D, false);
+  }
 
   // Write the result: normalised output (and lse), or the partial state for a later merge.
   for (int t = 0; t < ntok; ++t) {
@@ -829,11 +990,40 @@ void AttentionItem(const AttnItem& it, Scratch* sc) {
     switch (it.kv.dtype) {
       case PAGEDATTN_DTYPE_FLOAT32: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT32>(it, sc); break;
       case PAGEDATTN_DTYPE_FLOAT16: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT16>(it, sc); break;
-      case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemDot<PAGEDATTN_DTYPE_BFLOAT16>(it, sc); break;
+      case PAGEDATTN_DTYPE_BFLOAT16:
+        if (it.head_size % (2 * static_cast<int>(hn::Lanes(DF()))) == 0) {
+          AttentionItemDot<kBF16Pairs>(it, sc);
+        } else {
+          AttentionItemDot<PAGEDATTN_DTYPE_BFLOAT16>(it, sc);
+        }
+        break;
       case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemDot<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc); break;
       case PAGEDATTN_DTYPE_FP8_E5M2: AttentionItemDot<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc); break;
       default: AttentionItemDot<-1>(it, sc); break;
     }
+  }
+}
+
+// The conversions as the kernels run them, for the exhaustive conversion test: in registers
+// (tile false; fp8 unscaled, as load_fp8) or through load_row with scale 1 (tile true).
+template <int DT>
+HWY_INLINE void convert_vecs(const void* src, float* dst, int n) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  for (int i = 0; i + N <= n; i += N) hn::StoreU(load_vec<DT>(src, i), d, dst + i);
+}
+
+void ConvertForTest(pagedattn_dtype dt, bool tile, const void* src, float* dst, int n) {
+  if (tile) {
+    load_row(src, dt, 1.0f, dst, n);
+    return;
+  }
+  switch (dt) {
+    case PAGEDATTN_DTYPE_FLOAT16: convert_vecs<PAGEDATTN_DTYPE_FLOAT16>(src, dst, n); break;
+    case PAGEDATTN_DTYPE_BFLOAT16: convert_vecs<PAGEDATTN_DTYPE_BFLOAT16>(src, dst, n); break;
+    case PAGEDATTN_DTYPE_FP8_E4M3: convert_vecs<PAGEDATTN_DTYPE_FP8_E4M3>(src, dst, n); break;
+    case PAGEDATTN_DTYPE_FP8_E5M2: convert_vecs<PAGEDATTN_DTYPE_FP8_E5M2>(src, dst, n); break;
+    default: break;
   }
 }
 
@@ -845,6 +1035,12 @@ HWY_AFTER_NAMESPACE();
 namespace pa_cpu {
 
 HWY_EXPORT(AttentionItem);
+HWY_EXPORT(ConvertForTest);
+
+void convert_for_test(uint32_t target_index, pagedattn_dtype dt, bool tile, const void* src,
+                      float* dst, int n) {
+  HWY_DISPATCH_TABLE(ConvertForTest)[target_index](dt, tile, src, dst, n);
+}
 
 void attention_item(uint32_t target_index, const AttnItem& item, Scratch* scratch) {
   HWY_DISPATCH_TABLE(AttentionItem)[target_index](item, scratch);

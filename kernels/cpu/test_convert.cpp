@@ -1,0 +1,101 @@
+// kernels/cpu/test_convert.cpp — the kernels' vectorised cache conversions against the scalar
+// ones in convert.h, over every input value (all 256 fp8 bytes, all 65536 f16/bf16 patterns), on
+// every SIMD target this CPU can run, in registers and through the K/V tile loader.
+//
+// Must be bit-exact, except that a NaN only has to stay a NaN of the same sign (its payload is
+// not part of any format's meaning, and F16C quiets signalling NaNs).
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <vector>
+
+#include <hwy/highway.h>
+
+#include "convert.h"
+#include "kernels.h"
+
+namespace {
+
+struct Case {
+  pagedattn_dtype dt;
+  const char* name;
+  int count;      // distinct inputs
+  float factor;   // in-register fp8 comes back this much too small
+};
+
+float reference(pagedattn_dtype dt, uint32_t x) {
+  switch (dt) {
+    case PAGEDATTN_DTYPE_FP8_E4M3: return pa_cpu::e4m3_to_f32(static_cast<uint8_t>(x));
+    case PAGEDATTN_DTYPE_FP8_E5M2: return pa_cpu::e5m2_to_f32(static_cast<uint8_t>(x));
+    case PAGEDATTN_DTYPE_FLOAT16: return pa_cpu::f16_to_f32(static_cast<uint16_t>(x));
+    default: return pa_cpu::bf16_to_f32(static_cast<uint16_t>(x));
+  }
+}
+
+bool same(float want, float got) {
+  if (isnan(want)) return isnan(got) && signbit(want) == signbit(got);
+  return pa_cpu::f32_bits(want) == pa_cpu::f32_bits(got);
+}
+
+}  // namespace
+
+int main() {
+  const Case cases[] = {
+      {PAGEDATTN_DTYPE_FP8_E4M3, "fp8_e4m3", 256, 256.0f},
+      {PAGEDATTN_DTYPE_FP8_E5M2, "fp8_e5m2", 256, 1.0f},
+      {PAGEDATTN_DTYPE_FLOAT16, "float16", 65536, 1.0f},
+      {PAGEDATTN_DTYPE_BFLOAT16, "bfloat16", 65536, 1.0f},
+  };
+  const int64_t runnable = hwy::SupportedTargets() & HWY_TARGETS;
+  int failures = 0, targets = 0;
+  for (int64_t t = runnable; t != 0; t &= t - 1) {
+    const char* tname = hwy::TargetName(t & -t);
+    pa_cpu::Target target;
+    char msg[PA_MSG_LEN];
+    if (!pa_cpu::target_select(tname, &target, msg)) {
+      fprintf(stderr, "FAIL: target %s not selectable: %s\n", tname, msg);
+      ++failures;
+      continue;
+    }
+    ++targets;
+    for (const Case& c : cases) {
+      const size_t esz = pa_cpu::elem_size(c.dt);
+      std::vector<unsigned char> src(static_cast<size_t>(c.count) * esz);
+      for (int x = 0; x < c.count; ++x) {
+        if (esz == 1) {
+          src[static_cast<size_t>(x)] = static_cast<unsigned char>(x);
+        } else {
+          const uint16_t h = static_cast<uint16_t>(x);
+          memcpy(&src[static_cast<size_t>(x) * 2], &h, 2);
+        }
+      }
+      for (int tile = 0; tile < 2; ++tile) {
+        // Poisoned output: a lane the conversion skipped cannot pass.
+        std::vector<float> dst(static_cast<size_t>(c.count), pa_cpu::bits_f32(0x7FBADBADu));
+        pa_cpu::convert_for_test(target.index, c.dt, tile != 0, src.data(), dst.data(), c.count);
+        int bad = 0;
+        for (int x = 0; x < c.count; ++x) {
+          const float want = reference(c.dt, static_cast<uint32_t>(x));
+          // Scaling by a power of two is exact for every finite fp8 value.
+          const float got = tile ? dst[static_cast<size_t>(x)] : dst[static_cast<size_t>(x)] * c.factor;
+          if (!same(want, got) || (tile == 0 && pa_cpu::f32_bits(dst[static_cast<size_t>(x)]) == 0x7FBADBADu)) {
+            if (bad < 4)
+              fprintf(stderr, "FAIL %s %s %s input 0x%X: want %a (0x%08X) got %a (0x%08X)\n", tname,
+                      c.name, tile ? "tile" : "register", x, static_cast<double>(want),
+                      pa_cpu::f32_bits(want), static_cast<double>(got), pa_cpu::f32_bits(got));
+            ++bad;
+          }
+        }
+        printf("%-8s %-9s %-8s %5d values: %s (%d wrong)\n", tname, c.name,
+               tile ? "tile" : "register", c.count, bad ? "FAIL" : "ok", bad);
+        failures += bad;
+      }
+    }
+  }
+  if (targets == 0) {
+    fprintf(stderr, "FAIL: no runnable target\n");
+    return 1;
+  }
+  return failures == 0 ? 0 : 1;
+}
