@@ -691,8 +691,7 @@ HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const
 // The next tile's K/V rows, prefetched a few keys at a time between score blocks: a burst of a
 // whole tile's prefetches at once stalls the loads behind it instead of overlapping compute.
 struct TilePrefetch {
-  const void* const* k;
-  const void* const* v;
+  const void* const* k;  // row addresses (K or V)
   int n;
   int64_t bytes;
 };
@@ -701,12 +700,8 @@ HWY_INLINE void prefetch_rows(const TilePrefetch* pf, int k0, int k1) {
   if (pf == nullptr) return;
   k1 = std::min(k1, pf->n);
   for (int k = k0; k < k1; ++k) {
-    const char* kp = static_cast<const char*>(pf->k[k]);
-    const char* vp = static_cast<const char*>(pf->v[k]);
-    for (int64_t b = 0; b < pf->bytes; b += 64) {
-      __builtin_prefetch(kp + b);
-      __builtin_prefetch(vp + b);
-    }
+    const char* p = static_cast<const char*>(pf->k[k]);
+    for (int64_t b = 0; b < pf->bytes; b += 64) __builtin_prefetch(p + b);
   }
 }
 
@@ -731,7 +726,7 @@ HWY_INLINE void score_group(const float* HWY_RESTRICT q, int D, const void* cons
 // CH vectors of every row held in registers, so each p is broadcast once per CH chunks.
 template <int DT, int R, int CH>
 HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* HWY_RESTRICT p,
-                           const void* const* vp, int nk) {
+                           const void* const* vp, int nk, const TilePrefetch* pf) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
   hn::Vec<DF> a[R][CH];
@@ -741,6 +736,7 @@ HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* 
     for (int c = 0; c < CH; ++c) a[j][c] = hn::Load(d, acc + j * D + i0 + c * N);
   }
   for (int k = 0; k < nk; ++k) {
+    prefetch_rows(pf, k, k + 1);
     hn::Vec<DF> pj[R];
     HWY_UNROLL(4)
     for (int j = 0; j < R; ++j) pj[j] = hn::Set(d, p[j * kKeyTile + k]);
@@ -765,6 +761,7 @@ HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* 
       }
     }
   }
+  if (pf != nullptr) prefetch_rows(pf, nk, pf->n);
   HWY_UNROLL(4)
   for (int j = 0; j < R; ++j) {
     HWY_UNROLL(4)
@@ -774,16 +771,18 @@ HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* 
 
 template <int DT, int R>
 HWY_INLINE void acc_group(float* HWY_RESTRICT acc, int D, const float* HWY_RESTRICT p,
-                          const void* const* vp, int nk) {
+                          const void* const* vp, int nk, const TilePrefetch* pf) {
   // 32 vector registers (AVX-512) hold 4 rows x 4 chunks plus p and v; 16 only half of that.
+  // The first chunk pass issues the next tile's V prefetches.
   constexpr int CH = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
   const int N = static_cast<int>(hn::Lanes(DF()));
   int i0 = 0;
-  for (; i0 + CH * N <= D; i0 += CH * N) acc_chunks<DT, R, CH>(acc, D, i0, p, vp, nk);
+  for (; i0 + CH * N <= D; i0 += CH * N, pf = nullptr)
+    acc_chunks<DT, R, CH>(acc, D, i0, p, vp, nk, pf);
   if constexpr (DT == kBF16Pairs) {
-    for (; i0 < D; i0 += 2 * N) acc_chunks<DT, R, 2>(acc, D, i0, p, vp, nk);
+    for (; i0 < D; i0 += 2 * N, pf = nullptr) acc_chunks<DT, R, 2>(acc, D, i0, p, vp, nk, pf);
   } else {
-    for (; i0 < D; i0 += N) acc_chunks<DT, R, 1>(acc, D, i0, p, vp, nk);
+    for (; i0 < D; i0 += N, pf = nullptr) acc_chunks<DT, R, 1>(acc, D, i0, p, vp, nk, pf);
   }
 }
 
@@ -803,13 +802,14 @@ HWY_INLINE void scores_fast(const float* q, int rows, int D, const void* const* 
 
 template <int DT>
 HWY_INLINE void accumulate_fast(float* acc, int rows, int D, const float* p,
-                                const void* const* vp, int nk) {
+                                const void* const* vp, int nk, const TilePrefetch* pf) {
   int r = 0;
-  for (; r + 4 <= rows; r += 4) acc_group<DT, 4>(acc + r * D, D, p + r * kKeyTile, vp, nk);
+  for (; r + 4 <= rows; r += 4, pf = nullptr)
+    acc_group<DT, 4>(acc + r * D, D, p + r * kKeyTile, vp, nk, pf);
   switch (rows - r) {
-    case 3: acc_group<DT, 3>(acc + r * D, D, p + r * kKeyTile, vp, nk); break;
-    case 2: acc_group<DT, 2>(acc + r * D, D, p + r * kKeyTile, vp, nk); break;
-    case 1: acc_group<DT, 1>(acc + r * D, D, p + r * kKeyTile, vp, nk); break;
+    case 3: acc_group<DT, 3>(acc + r * D, D, p + r * kKeyTile, vp, nk, pf); break;
+    case 2: acc_group<DT, 2>(acc + r * D, D, p + r * kKeyTile, vp, nk, pf); break;
+    case 1: acc_group<DT, 1>(acc + r * D, D, p + r * kKeyTile, vp, nk, pf); break;
     default: break;
   }
 }
@@ -873,6 +873,7 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const void** kptr = ptrs[0][0];
   const void** vptr = ptrs[0][1];
   const int64_t row_bytes = static_cast<int64_t>(D) * static_cast<int64_t>(elem_size(it.kv.dtype));
+  TilePrefetch pf_k{nullptr, 0, row_bytes}, pf_v{nullptr, 0, row_bytes};
 
   prefetch_first(it, kbeg, kend);
   if (DT >= 0 && kbeg < kend)
@@ -883,12 +884,14 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
     if constexpr (DT >= 0) {
       kptr = ptrs[cur][0];
       vptr = ptrs[cur][1];
-      TilePrefetch pf{ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0, row_bytes};
+      // K of the next tile is prefetched during the scores, V during P.V.
+      pf_k = TilePrefetch{ptrs[cur ^ 1][0], 0, row_bytes};
       if (kt0 + kKeyTile < kend) {
-        pf.n = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile));
-        key_ptrs(it, kt0 + kKeyTile, pf.n, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0);
+        pf_k.n = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile));
+        key_ptrs(it, kt0 + kKeyTile, pf_k.n, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0);
       }
-      scores_fast<DT>(sc->q, rows, D, kptr, nk, sc->s, &pf);
+      pf_v = TilePrefetch{ptrs[cur ^ 1][1], pf_k.n, row_bytes};
+      scores_fast<DT>(sc->q, rows, D, kptr, nk, sc->s, &pf_k);
       cur ^= 1;
     } else {
       load_tile(it, false, kt0, nk, sc->kt, Dp, kend);
@@ -937,7 +940,7 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
     }
     if (!any) continue;
     if constexpr (DT >= 0) {
-      accumulate_fast<DT>(sc->acc, rows, D, sc->s, vptr, nk);
+      accumulate_fast<DT>(sc->acc, rows, D, sc->s, vptr, nk, &pf_v);
     } else {
       load_tile(it, true, kt0, nk, sc->vt, Dp, 0);
       accumulate(sc->acc, sc->s, sc->vt, rows, nk, Dp);
