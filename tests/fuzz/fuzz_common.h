@@ -69,14 +69,18 @@ class Input {
   int32_t near_i32(int32_t good) {
     const uint8_t m = u8();
     if (m < 176) return good;
-    if (m < 224) return good + static_cast<int8_t>(u8());
+    if (m < 224)  /* wrapping add: good may be INT32_MAX */
+      return static_cast<int32_t>(static_cast<uint32_t>(good) +
+                                  static_cast<uint32_t>(static_cast<int8_t>(u8())));
     if (m < 240) return -static_cast<int32_t>(u8());
     return i32();
   }
   int64_t near_i64(int64_t good) {
     const uint8_t m = u8();
     if (m < 176) return good;
-    if (m < 224) return good + static_cast<int8_t>(u8());
+    if (m < 224)
+      return static_cast<int64_t>(static_cast<uint64_t>(good) +
+                                  static_cast<uint64_t>(static_cast<int8_t>(u8())));
     if (m < 240) return -static_cast<int64_t>(u8());
     return i64();
   }
@@ -277,7 +281,10 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     t.strides = nullptr;
   } else {
     for (int i = 0; i < n; ++i) {
-      if (sm >= 160) f.strides[i] = in.near_i64(compact[i] + (i + 1 < n ? in.u8() % 3 : 0));
+      if (sm >= 160) {
+        const int64_t pad = i + 1 < n ? in.u8() % 3 : 0;
+        f.strides[i] = in.near_i64(compact[i] <= INT64_MAX - pad ? compact[i] + pad : compact[i]);
+      }
     }
     t.strides = f.strides.data();
   }
