@@ -420,3 +420,37 @@ TEST(FailureModes, DISABLED_BatchHostTablesOverMemoryLimit) {
   pagedattn_kv_cache_destroy(c);
   pagedattn_backend_destroy(be);
 }
+
+// Reproducer (disabled until fixed): tensor strides whose extent overflows int64 byte offsets
+// are accepted (lib/validate.cpp check_shape/resolve3 check only the innermost stride), and the
+// kernel then computes the row address with a signed overflow and reads a wild address
+// (kernels/cpu/write.cpp cache_write_rows: UBSan "signed integer overflow", then SEGV). Found by
+// tests/fuzz (fuzz_cache). Expected: PAGEDATTN_ERROR_OVERFLOW (or BAD_TENSOR) naming "value".
+TEST(FailureModes, DISABLED_TensorStrideOverflowRefused) {
+  pagedattn_backend* be = limited_backend(0);
+  ASSERT_NE(be, nullptr);
+  pagedattn_kv_cache_desc d = geometry(4);
+  d.num_layers = 1;
+  d.num_kv_heads = 1;
+  d.head_size = 8;
+  d.block_size = 4;
+  pagedattn_kv_cache* c = nullptr;
+  ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_OK) << pagedattn_last_error();
+  std::vector<float> k(3 * 8), v(3 * 8);
+  int64_t shape[3] = {3, 1, 8};
+  int64_t huge[3] = {INT64_MAX / 3, 8, 1};  // row 2 starts at byte 8 * (INT64_MAX / 3)
+  pagedattn_tensor kt{k.data(), {PAGEDATTN_DEVICE_CPU, 0}, 3, {PAGEDATTN_DLPACK_FLOAT, 32, 1},
+                      shape, nullptr, 0};
+  pagedattn_tensor vt = kt;
+  vt.data = v.data();
+  vt.strides = huge;
+  int64_t slots[3] = {-1, -1, 5}, sshape[1] = {3};
+  pagedattn_tensor st{slots, {PAGEDATTN_DEVICE_CPU, 0}, 1, {PAGEDATTN_DLPACK_INT, 64, 1}, sshape,
+                      nullptr, 0};
+  const pagedattn_status s = pagedattn_kv_cache_write(c, 0, &kt, &vt, &st, 1, 1, nullptr);
+  EXPECT_TRUE(s == PAGEDATTN_ERROR_OVERFLOW || s == PAGEDATTN_ERROR_BAD_TENSOR)
+      << pagedattn_status_string(s) << ": " << pagedattn_last_error();
+  EXPECT_TRUE(message_has("value")) << pagedattn_last_error();
+  pagedattn_kv_cache_destroy(c);
+  pagedattn_backend_destroy(be);
+}
