@@ -225,6 +225,8 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
       if (s.strides && s.strides[0] != 1 && H > 1)
         pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: stride %lld != 1",
                  static_cast<long long>(s.strides[0]));
+      const int64_t unit = 1;
+      pa::check_extent(&s, "opts->alibi_slopes", 1, &unit, sizeof(float));
       pa::check_device(s.device, dev, "opts->alibi_slopes", "the backend");
       if (!s.data) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "opts->alibi_slopes->data is NULL");
       a.alibi_slopes =

@@ -368,6 +368,8 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
     if (sm.strides && sm.strides[0] != 1 && n > 1)
       pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: stride %lld != 1",
                static_cast<long long>(sm.strides[0]));
+    const int64_t unit = 1;
+    pa::check_extent(&sm, "slot_mapping", 1, &unit, i64 ? 8 : 4);
     const pagedattn_dtype dt = pa::tensor_float_dtype(key, "key");
     const pagedattn_dtype cdt = c->desc.dtype;
     const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;

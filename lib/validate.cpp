@@ -86,6 +86,43 @@ void check_shape(const pagedattn_tensor* t, const char* name, const int64_t* wan
   }
 }
 
+}  // namespace
+
+void check_extent(const pagedattn_tensor* t, const char* name, int32_t n, const int64_t* strides,
+                  size_t esize) {
+  for (int32_t i = 0; i < n; ++i)
+    if (t->shape[i] == 0) return;  // no element is ever addressed
+  /* Lowest and highest element offsets; negative strides are allowed (tensor.h: the element is
+   * at sum(i_k * strides[k])), so each dimension adds to one side. Every partial sum the kernels
+   * form then lies in [lo, hi]. */
+  int64_t lo = 0, hi = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    int64_t term = 0;
+    bool ovf = __builtin_mul_overflow(t->shape[i] - 1, strides[i], &term);
+    ovf = ovf || (term >= 0 ? __builtin_add_overflow(hi, term, &hi)
+                            : __builtin_add_overflow(lo, term, &lo));
+    if (ovf)
+      fail(PAGEDATTN_ERROR_OVERFLOW,
+           "%s: dimension %d (size %lld, stride %lld) makes element offsets overflow int64", name,
+           i, static_cast<long long>(t->shape[i]), static_cast<long long>(strides[i]));
+  }
+  /* Byte offsets from data: byte_offset + [lo, hi + 1) * esize must fit int64. */
+  const int64_t es = static_cast<int64_t>(esize);
+  int64_t lob = 0, hib = 0;
+  bool ovf = t->byte_offset > static_cast<uint64_t>(INT64_MAX);
+  ovf = ovf || __builtin_mul_overflow(lo, es, &lob) || __builtin_add_overflow(hi, 1, &hib) ||
+        __builtin_mul_overflow(hib, es, &hib) ||
+        __builtin_add_overflow(hib, static_cast<int64_t>(t->byte_offset), &hib) ||
+        __builtin_add_overflow(lob, static_cast<int64_t>(t->byte_offset), &lob);
+  if (ovf)
+    fail(PAGEDATTN_ERROR_OVERFLOW,
+         "%s: byte_offset %llu + element offsets [%lld, %lld] x %zu bytes overflow int64", name,
+         static_cast<unsigned long long>(t->byte_offset), static_cast<long long>(lo),
+         static_cast<long long>(hi), esize);
+}
+
+namespace {
+
 void* data_of(const pagedattn_tensor* t, const char* name, int64_t numel) {
   if (!t->data) {
     if (numel > 0) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s->data is NULL", name);
@@ -118,6 +155,7 @@ pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, i
     fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype %s != expected %s", name, dtype_name(got),
          dtype_name(dt));
   check_device(t->device, dev, name, "the backend");
+  check_extent(t, name, 3, strides, dtype_size(dt));
   pa_tensor3 r;
   r.data = data_of(t, name, rows * heads * static_cast<int64_t>(dim));
   r.dtype = dt;
@@ -139,6 +177,7 @@ pa_lse resolve_lse(const pagedattn_tensor* t, const char* name, int64_t rows, in
     fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype {code %u, bits %u, lanes %u} is not float32",
          name, t->dtype.code, t->dtype.bits, t->dtype.lanes);
   check_device(t->device, dev, name, "the backend");
+  check_extent(t, name, 2, strides, sizeof(float));
   pa_lse r;
   r.data = static_cast<float*>(data_of(t, name, rows * heads));
   r.row_stride = strides[0];

@@ -21,6 +21,12 @@ void check_device(const pagedattn_device& have, const pagedattn_device& want, co
 /* The tensor's element type; BAD_TENSOR naming `name` if it is not float32/float16/bfloat16. */
 pagedattn_dtype tensor_float_dtype(const pagedattn_tensor* t, const char* name);
 
+/* Refuses (OVERFLOW, naming `name` and the dimension) a tensor whose element offsets
+ * sum((shape[i]-1) * strides[i]) (either sign) or byte offsets byte_offset + offset * esize
+ * overflow int64. `strides` are the resolved ones (n entries, never NULL). */
+void check_extent(const pagedattn_tensor* t, const char* name, int32_t n, const int64_t* strides,
+                  size_t esize);
+
 /* Checks a [rows, heads, dim] tensor (ndim, shape, unit innermost stride, data) of dtype `dt`
  * on `dev` and resolves it. */
 pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,

@@ -421,12 +421,12 @@ TEST(FailureModes, DISABLED_BatchHostTablesOverMemoryLimit) {
   pagedattn_backend_destroy(be);
 }
 
-// Reproducer (disabled until fixed): tensor strides whose extent overflows int64 byte offsets
-// are accepted (lib/validate.cpp check_shape/resolve3 check only the innermost stride), and the
-// kernel then computes the row address with a signed overflow and reads a wild address
-// (kernels/cpu/write.cpp cache_write_rows: UBSan "signed integer overflow", then SEGV). Found by
-// tests/fuzz (fuzz_cache). Expected: PAGEDATTN_ERROR_OVERFLOW (or BAD_TENSOR) naming "value".
-TEST(FailureModes, DISABLED_TensorStrideOverflowRefused) {
+// Regression: tensor strides whose extent overflows int64 byte offsets were accepted (only the
+// innermost stride was checked), and the kernel then computed the row address with a signed
+// overflow and read a wild address (kernels/cpu/write.cpp cache_write_rows: UBSan "signed
+// integer overflow", then SEGV). Found by tests/fuzz (fuzz_cache). lib/validate.cpp
+// check_extent now refuses it with PAGEDATTN_ERROR_OVERFLOW naming "value".
+TEST(FailureModes, TensorStrideOverflowRefused) {
   pagedattn_backend* be = limited_backend(0);
   ASSERT_NE(be, nullptr);
   pagedattn_kv_cache_desc d = geometry(4);
