@@ -65,21 +65,39 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
     h->self = pa::geometry_of(cache);
     h->cross = pa::geometry_of(cross);
     h->planned = false;
-    pa::Plan tmp;
-    pa::plan(d, h->self, h->cross, nullptr, &h->caps, tmp);
-    pa::reserve_plan(h->plan, h->caps, h->self, h->cross);
-    pa::copy_plan(h->plan, tmp);
-    std::memset(&h->pb, 0, sizeof h->pb);
-    pa::fill_pa_batch(h->pb, h->plan, h->caps, h->self, h->cross);
-    char msg[PA_MSG_LEN] = {0};
-    pa::check_op(b->ops->plan_batch(b->state, &h->pb, 0, msg), pa::backend_name(b), "plan_batch",
-                 msg);
-    h->planned = true;
-    h->magic = pa::kBatchMagic;
+    /* The host arrays count against memory_limit like cache memory: charged before they are
+     * allocated, released on failure here and by destroy (recomputed from the capacities). */
+    uint64_t charged = 0;
+    const auto admit = [&](const pa::PlanCaps& cp) {
+      const uint64_t bytes = pa::plan_host_bytes(cp, h->self, h->cross);
+      try {
+        pa::backend_reserve(b, bytes);
+      } catch (pa::Error& e) {
+        e.msg = "batch host metadata: " + e.msg;
+        throw;
+      }
+      charged = bytes;
+    };
     try {
-      pa::register_handle(h.get());
+      pa::Plan tmp;
+      pa::plan(d, h->self, h->cross, nullptr, &h->caps, tmp, admit);
+      pa::reserve_plan(h->plan, h->caps, h->self, h->cross);
+      pa::copy_plan(h->plan, tmp);
+      std::memset(&h->pb, 0, sizeof h->pb);
+      pa::fill_pa_batch(h->pb, h->plan, h->caps, h->self, h->cross);
+      char msg[PA_MSG_LEN] = {0};
+      pa::check_op(b->ops->plan_batch(b->state, &h->pb, 0, msg), pa::backend_name(b),
+                   "plan_batch", msg);
+      h->planned = true;
+      h->magic = pa::kBatchMagic;
+      try {
+        pa::register_handle(h.get());
+      } catch (...) {
+        b->ops->free_batch(b->state, &h->pb);
+        throw;
+      }
     } catch (...) {
-      b->ops->free_batch(b->state, &h->pb);
+      if (charged) pa::backend_unreserve(b, charged);
       throw;
     }
     pa::backend_retain(b);
@@ -122,7 +140,9 @@ PAGEDATTN_API void pagedattn_batch_destroy(pagedattn_batch* batch) {
   batch->magic = 0;
   pagedattn_backend* b = batch->backend;
   if (batch->planned) b->ops->free_batch(b->state, &batch->pb);
+  const uint64_t charged = pa::plan_host_bytes(batch->caps, batch->self, batch->cross);
   delete batch;
+  pa::backend_unreserve(b, charged);
   pa::backend_release(b);
 }
 

@@ -55,8 +55,30 @@ int32_t cross_stride(const PlanCaps& caps, const Geometry& cross) {
 
 }  // namespace
 
+uint64_t plan_host_bytes(const PlanCaps& caps, const Geometry& self, const Geometry& cross) {
+  const uint64_t seqs = static_cast<uint64_t>(caps.num_seqs);
+  /* query_lens, context_lens, query_start (+1), self tables; slots (int64) */
+  uint64_t total = 0, t = 0;
+  bool ovf = __builtin_mul_overflow(seqs, 4ull * (3 + static_cast<uint64_t>(self_stride(caps, self))),
+                                    &total);
+  ovf = ovf || __builtin_add_overflow(total, 4ull, &total);
+  ovf = ovf || __builtin_mul_overflow(static_cast<uint64_t>(caps.num_tokens), 8ull, &t) ||
+        __builtin_add_overflow(total, t, &total);
+  if (cross.present) {
+    /* encoder_lens, cross tables; cross slots (int64) */
+    ovf = ovf ||
+          __builtin_mul_overflow(seqs, 4ull * (1 + static_cast<uint64_t>(cross_stride(caps, cross))),
+                                 &t) ||
+          __builtin_add_overflow(total, t, &total);
+    ovf = ovf || __builtin_mul_overflow(static_cast<uint64_t>(caps.num_encoder_tokens), 8ull, &t) ||
+          __builtin_add_overflow(total, t, &total);
+  }
+  return ovf ? UINT64_MAX : total;
+}
+
 void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& cross,
-          const PlanCaps* caps, PlanCaps* caps_out, Plan& out) {
+          const PlanCaps* caps, PlanCaps* caps_out, Plan& out,
+          const std::function<void(const PlanCaps&)>& admit) {
   const int32_t n = d.num_seqs;
   if (n < 0) fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->num_seqs = %d < 0", n);
   if (n > 0 && !d.query_lens)
@@ -177,6 +199,7 @@ void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& c
     cp.seq_len = pick_cap(d.max_seq_len, max_seq, "max_seq_len");
     if (caps_out) *caps_out = cp;
   }
+  if (admit) admit(cp);
 
   /* Pass 2: fill. */
   out.num_seqs = n;

@@ -3,6 +3,7 @@
 #ifndef PAGEDATTN_LIB_PLANNER_H
 #define PAGEDATTN_LIB_PLANNER_H
 
+#include <functional>
 #include <vector>
 
 #include "internal.h"
@@ -48,9 +49,16 @@ struct Plan {
 
 /* Validates desc against the geometries and computes every array into `out` (whose vectors are
  * resized; their capacity is kept). `caps` NULL: first plan (the capacities are read from desc
- * and returned in *caps_out); otherwise an update checked against *caps (CAPACITY errors). */
+ * and returned in *caps_out); otherwise an update checked against *caps (CAPACITY errors).
+ * `admit`, when set, sees the capacities before anything is allocated and may throw (the
+ * memory_limit charge of a new batch). */
 void plan(const pagedattn_batch_desc& desc, const Geometry& self, const Geometry& cross,
-          const PlanCaps* caps, PlanCaps* caps_out, Plan& out);
+          const PlanCaps* caps, PlanCaps* caps_out, Plan& out,
+          const std::function<void(const PlanCaps&)>& admit = {});
+
+/* Host bytes of a plan reserved for `caps` (what a batch charges against memory_limit);
+ * saturates at UINT64_MAX. */
+uint64_t plan_host_bytes(const PlanCaps& caps, const Geometry& self, const Geometry& cross);
 
 /* Reserves every vector of `p` for the capacities, so later plans into it do not reallocate. */
 void reserve_plan(Plan& p, const PlanCaps& caps, const Geometry& self, const Geometry& cross);
