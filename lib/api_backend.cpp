@@ -1,7 +1,8 @@
 /* lib/api_backend.cpp — entry points of backend.h (list, create, destroy, capabilities,
  * synchronize) and the handle checks / reference counting shared by the other entry points. */
 #include <memory>
-#include <set>
+#include <cstring>
+#include <new>
 #include <unordered_set>
 #include <mutex>
 #include <string>
@@ -12,30 +13,37 @@
 namespace pa {
 
 namespace {
-/* Leaked on purpose: handles may be destroyed from static destructors at exit. */
-std::mutex& live_mutex() {
-  static std::mutex* m = new std::mutex();
-  return *m;
-}
-std::unordered_set<const void*>& live_set() {
-  static std::unordered_set<const void*>* s = new std::unordered_set<const void*>();
-  return *s;
+/* The set of live handles. Handles may be destroyed from static destructors at exit, in any
+ * order, so the set is never destroyed: it lives in static storage (placement new, no exit-time
+ * destructor) and gives its heap memory back whenever it empties, so a program that destroys
+ * every handle and then dlclose()s the library leaks nothing. std::mutex is constant-initialised
+ * and trivially destructible on glibc, so it is safe at any point of exit. */
+using LiveSet = std::unordered_set<const void*>;
+std::mutex g_live_mutex;
+alignas(LiveSet) unsigned char g_live_storage[sizeof(LiveSet)];
+LiveSet* g_live = nullptr;  // guarded by g_live_mutex
+
+LiveSet& live_set_locked() {
+  if (!g_live) g_live = new (g_live_storage) LiveSet();
+  return *g_live;
 }
 }  // namespace
 
 void register_handle(const void* h) {
-  std::lock_guard<std::mutex> lock(live_mutex());
-  live_set().insert(h);
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  live_set_locked().insert(h);
 }
 
 bool handle_live(const void* h) noexcept {
-  std::lock_guard<std::mutex> lock(live_mutex());
-  return live_set().count(h) != 0;
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  return g_live && g_live->count(h) != 0;
 }
 
 bool take_handle(const void* h) noexcept {
-  std::lock_guard<std::mutex> lock(live_mutex());
-  return live_set().erase(h) != 0;
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  if (!g_live || g_live->erase(h) == 0) return false;
+  if (g_live->empty()) LiveSet().swap(*g_live);  // frees the bucket array
+  return true;
 }
 
 pagedattn_backend* check_backend(const pagedattn_backend* b, const char* name) {
@@ -87,11 +95,20 @@ void backend_unreserve(pagedattn_backend* b, uint64_t bytes) noexcept {
 }
 
 const char* intern(const std::string& s) {
-  /* Set nodes never move and are never erased, so the pointers stay valid. */
+  /* Append-only pool in static storage: returned pointers stay valid while the library is loaded,
+   * are safe to read from any thread, and nothing is left on the heap after dlclose(). The strings
+   * are the few distinct "unavailable" reasons of the backends, far below the pool's size. */
   static std::mutex mu;
-  static std::set<std::string>* strings = new std::set<std::string>();
+  static char pool[16384];
+  static size_t used = 0;
   std::lock_guard<std::mutex> lock(mu);
-  return strings->insert(s).first->c_str();
+  for (size_t at = 0; at < used; at += std::strlen(pool + at) + 1)
+    if (s == pool + at) return pool + at;
+  if (s.size() + 1 > sizeof pool - used) return "(reason not kept: message pool full)";
+  char* p = pool + used;
+  std::memcpy(p, s.c_str(), s.size() + 1);
+  used += s.size() + 1;
+  return p;
 }
 
 namespace {
