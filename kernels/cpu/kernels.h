@@ -113,10 +113,12 @@ void attention_merge_parts(uint32_t target_index, const AttnItem& item, int n,
                            const float* acc, int64_t part_stride, const float* m,
                            const float* l, int64_t ml_stride);
 
-/* Converts n cache elements of dtype dt (n a multiple of 16) to float32 as the attention kernels
- * do: in registers (tile false; fp8 unscaled, e4m3 times 2^-8) or into a K/V tile with scale 1
- * (tile true). For the exhaustive conversion test. */
-void convert_for_test(uint32_t target_index, pagedattn_dtype dt, bool tile, const void* src,
+/* Converts n cache elements of dtype dt (n a multiple of 64) to float32 as the attention kernels
+ * do: mode 0 in registers one vector at a time (fp8 unscaled, e4m3 times 2^-8), mode 1 into a K/V
+ * tile with scale 1, mode 2 in registers as the fp8 decode path of head sizes that are multiples
+ * of 4 vectors reads them (AVX3_DL: byte lookups; elsewhere as mode 0). For the exhaustive
+ * conversion test. */
+void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const void* src,
                       float* dst, int n);
 
 /* ---- cache write (write.cpp) ---- */

@@ -70,25 +70,27 @@ int main() {
           memcpy(&src[static_cast<size_t>(x) * 2], &h, 2);
         }
       }
-      for (int tile = 0; tile < 2; ++tile) {
+      for (int mode = 0; mode < 3; ++mode) {
+        const bool tile = mode == 1;
+        static const char* const kModeName[] = {"register", "tile", "quads"};
         // Poisoned output: a lane the conversion skipped cannot pass.
         std::vector<float> dst(static_cast<size_t>(c.count), pa_cpu::bits_f32(0x7FBADBADu));
-        pa_cpu::convert_for_test(target.index, c.dt, tile != 0, src.data(), dst.data(), c.count);
+        pa_cpu::convert_for_test(target.index, c.dt, mode, src.data(), dst.data(), c.count);
         int bad = 0;
         for (int x = 0; x < c.count; ++x) {
           const float want = reference(c.dt, static_cast<uint32_t>(x));
           // Scaling by a power of two is exact for every finite fp8 value.
           const float got = tile ? dst[static_cast<size_t>(x)] : dst[static_cast<size_t>(x)] * c.factor;
-          if (!same(want, got) || (tile == 0 && pa_cpu::f32_bits(dst[static_cast<size_t>(x)]) == 0x7FBADBADu)) {
+          if (!same(want, got) || (!tile && pa_cpu::f32_bits(dst[static_cast<size_t>(x)]) == 0x7FBADBADu)) {
             if (bad < 4)
               fprintf(stderr, "FAIL %s %s %s input 0x%X: want %a (0x%08X) got %a (0x%08X)\n", tname,
-                      c.name, tile ? "tile" : "register", x, static_cast<double>(want),
+                      c.name, kModeName[mode], x, static_cast<double>(want),
                       pa_cpu::f32_bits(want), static_cast<double>(got), pa_cpu::f32_bits(got));
             ++bad;
           }
         }
         printf("%-8s %-9s %-8s %5d values: %s (%d wrong)\n", tname, c.name,
-               tile ? "tile" : "register", c.count, bad ? "FAIL" : "ok", bad);
+               kModeName[mode], c.count, bad ? "FAIL" : "ok", bad);
         failures += bad;
       }
     }
