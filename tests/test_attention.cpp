@@ -26,6 +26,8 @@ const T& pick(const T (&a)[N], std::mt19937_64& rng) {
 
 class Attention : public pat::BackendTest {
  protected:
+  // PAGEDATTN_TEST_VERBOSE=1 prints every case's error against the reference.
+  const bool verbose_ = getenv("PAGEDATTN_TEST_VERBOSE") != nullptr;
   // Runs `count` cases drawn by gen from a master seed; reports each failing case with its seed.
   void run(int count, const std::function<AttnCase(std::mt19937_64&, int)>& gen) {
     const uint64_t master = pat::test_seed();
@@ -38,6 +40,8 @@ class Attention : public pat::BackendTest {
       const uint64_t seed = rng();
       pat::CaseResult res;
       auto r = pat::run_attention_case(be, c, seed, &res);
+      if (verbose_)
+        printf("  case %2d err %.2e lse %.2e  %s\n", i, res.err, res.lse_err, c.describe().c_str());
       if (!r) ++failures;
       EXPECT_TRUE(r) << "case " << i << ": " << c.describe() << " (case seed " << seed << ")";
     }

@@ -945,6 +945,128 @@ HWY_INLINE void accumulate_fast(float* acc, int rows, int D, const float* p,
   }
 }
 
+// First and last (inclusive) key token t of the item may see: causal rule and sliding window.
+HWY_INLINE int64_t item_row_lo(const AttnItem& it, int t) {
+  if (!it.causal || it.window <= 0) return 0;
+  return std::max<int64_t>(0, static_cast<int64_t>(it.pos_offset) + it.tok0 + t - it.window + 1);
+}
+HWY_INLINE int64_t item_row_hi(const AttnItem& it, int t) {
+  if (!it.causal) return it.num_keys - 1;
+  return std::min<int64_t>(it.num_keys - 1, static_cast<int64_t>(it.pos_offset) + it.tok0 + t);
+}
+
+// Rounds p[0, n) (finite, >= 0; n a multiple of N) to bf16 values, to nearest even, in place;
+// returns their sum.
+HWY_INLINE float round_bf16_sum(float* HWY_RESTRICT p, int n) {
+  const DF d;
+  const hn::RebindToUnsigned<DF> du;
+  const int N = static_cast<int>(hn::Lanes(d));
+  auto sum = hn::Zero(d);
+  for (int k = 0; k < n; k += N) {
+    const auto u = hn::BitCast(du, hn::Load(d, p + k));
+    const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+    const auto r = hn::BitCast(d, hn::And(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), odd)),
+                                          hn::Set(du, 0xFFFF0000u)));
+    hn::Store(r, d, p + k);
+    sum = hn::Add(sum, r);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
+// Online softmax over one key tile of the dot-product paths: rows r = t * nh + g hold raw scores
+// s[r][0, nk) (times sfac), which become masked, capped, biased, exponentiated weights; m and l
+// are updated and the accumulator rows (Dp floats) rescaled when a row's maximum grows. Entries
+// nk..kKeyTile are -inf. bf16_weights: the weights are rounded to bf16 values and l sums the
+// rounded ones, so P.V in bf16 divides by exactly the weights it used. Returns false when no row
+// sees any key of the tile.
+HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int nk, bool plain,
+                             int Dp, float sfac, bool bf16_weights = false) {
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const int nh = it.h1 - it.h0;
+  const int ntok = it.tok1 - it.tok0;
+  bool any = false;
+  for (int t = 0; t < ntok; ++t) {
+    const int64_t lo = item_row_lo(it, t), hi = item_row_hi(it, t);
+    const int64_t pos = static_cast<int64_t>(it.pos_offset) + it.tok0 + t;
+    for (int g = 0; g < nh; ++g) {
+      const int r = t * nh + g;
+      float* s = sc->s + r * kKeyTile;
+      if (sfac != 1.0f) scale_row(s, sfac, kKeyTile);
+      const float slope = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
+      float mt = kNegInf;
+      if (plain && lo <= kt0 && kt0 + nk - 1 <= hi) {  // whole tile visible, nothing to add
+        for (int k = 0; k < nk; ++k) mt = std::max(mt, s[k]);
+      } else {
+        for (int k = 0; k < nk; ++k) {
+          const int64_t kp = kt0 + k;
+          float x = s[k];
+          if (kp < lo || kp > hi) {
+            x = kNegInf;
+          } else {
+            if (it.soft_cap > 0.0f) x = it.soft_cap * tanhf(x / it.soft_cap);
+            if (it.alibi != nullptr) x += slope * static_cast<float>(kp - pos);
+          }
+          s[k] = x;
+          mt = std::max(mt, x);
+        }
+      }
+      for (int k = nk; k < kKeyTile; ++k) s[k] = kNegInf;
+      if (mt == kNegInf) {  // nothing visible in this tile for this row
+        for (int k = 0; k < nk; ++k) s[k] = 0.0f;
+        continue;
+      }
+      any = true;
+      const float mnew = std::max(sc->m[r], mt);
+      if (sc->m[r] != mnew) {
+        const float alpha = sc->m[r] == kNegInf ? 0.0f : expf(sc->m[r] - mnew);
+        sc->l[r] *= alpha;
+        scale_row(sc->acc + static_cast<size_t>(r) * Dp, alpha, Dp);
+        sc->m[r] = mnew;
+      }
+      const float tile_sum = exp_row(s, mnew, nk);
+      if (bf16_weights) {
+        for (int k = nk; k < kKeyTile; ++k) s[k] = 0.0f;
+        sc->l[r] += round_bf16_sum(s, kKeyTile);
+      } else {
+        sc->l[r] += tile_sum;
+      }
+    }
+  }
+  return any;
+}
+
+// The output pass of the dot-product paths: each row's normalised output (and lse), or its
+// partial state for a later merge. Accumulator rows have stride Dp, natural dim order.
+HWY_INLINE void write_rows(const AttnItem& it, const Scratch* sc, int Dp) {
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const int D = it.head_size;
+  const int nh = it.h1 - it.h0;
+  const int ntok = it.tok1 - it.tok0;
+  const size_t qsz = elem_size(it.dtype);
+  for (int t = 0; t < ntok; ++t) {
+    for (int g = 0; g < nh; ++g) {
+      const int r = t * nh + g;
+      const float* a = sc->acc + static_cast<size_t>(r) * Dp;
+      if (it.out == nullptr) {
+        memcpy(it.part_acc + static_cast<size_t>(r) * D, a, sizeof(float) * static_cast<size_t>(D));
+        it.part_m[r] = sc->m[r];
+        it.part_l[r] = sc->l[r];
+        continue;
+      }
+      const float l = sc->l[r];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      char* op = static_cast<char*>(it.out) +
+                 ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
+                     static_cast<int64_t>(qsz);
+      for (int i = 0; i < D; ++i) store_elem(op, i, it.dtype, a[i] * inv, 1.0f);
+      if (it.lse != nullptr) {
+        it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
+            l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
+      }
+    }
+  }
+}
+
 // ---- Dot-product path (fewer rows than a vector: decode with small GQA groups) ----
 // Rows are (token, head) pairs; each score is a dot product over D, four rows per K load.
 // DT >= 0: the cache dtype, converted in registers (needs D % N == 0); DT < 0: any dtype and head
@@ -986,17 +1108,8 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
     }
   }
 
-  // Key range any row of this item can see.
-  auto row_lo = [&](int t) -> int64_t {
-    if (!it.causal || it.window <= 0) return 0;
-    return std::max<int64_t>(0, static_cast<int64_t>(it.pos_offset) + it.tok0 + t - it.window + 1);
-  };
-  auto row_hi = [&](int t) -> int64_t {  // inclusive
-    if (!it.causal) return it.num_keys - 1;
-    return std::min<int64_t>(it.num_keys - 1, static_cast<int64_t>(it.pos_offset) + it.tok0 + t);
-  };
-  const int64_t kbeg = std::max(it.key0, row_lo(0));
-  const int64_t kend = std::min(it.key1, row_hi(ntok - 1) + 1);
+  const int64_t kbeg = std::max(it.key0, item_row_lo(it, 0));
+  const int64_t kend = std::min(it.key1, item_row_hi(it, ntok - 1) + 1);
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
   // This tile's and the next tile's row addresses (the next one is prefetched during scores).
   const void* ptrs[2][2][kKeyTile];
@@ -1028,48 +1141,7 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
       load_tile(it, false, kt0, nk, sc->kt, Dp, kend);
       scores(sc->q, sc->kt, rows, nk, Dp, sc->s);
     }
-    bool any = false;
-    for (int t = 0; t < ntok; ++t) {
-      const int64_t lo = row_lo(t), hi = row_hi(t);
-      const int64_t pos = static_cast<int64_t>(it.pos_offset) + it.tok0 + t;
-      for (int g = 0; g < nh; ++g) {
-        const int r = t * nh + g;
-        float* s = sc->s + r * kKeyTile;
-        const float slope = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
-        float mt = kNegInf;
-        if (plain && lo <= kt0 && kt0 + nk - 1 <= hi) {  // whole tile visible, nothing to add
-          for (int k = 0; k < nk; ++k) mt = std::max(mt, s[k]);
-        } else {
-          for (int k = 0; k < nk; ++k) {
-            const int64_t kp = kt0 + k;
-            float x = s[k];
-            if (kp < lo || kp > hi) {
-              x = kNegInf;
-            } else {
-              if (it.soft_cap > 0.0f) x = it.soft_cap * tanhf(x / it.soft_cap);
-              if (it.alibi != nullptr) x += slope * static_cast<float>(kp - pos);
-            }
-            s[k] = x;
-            mt = std::max(mt, x);
-          }
-        }
-        for (int k = nk; k < kKeyTile; ++k) s[k] = kNegInf;
-        if (mt == kNegInf) {  // nothing visible in this tile for this row
-          for (int k = 0; k < nk; ++k) s[k] = 0.0f;
-          continue;
-        }
-        any = true;
-        const float mnew = std::max(sc->m[r], mt);
-        if (sc->m[r] != mnew) {
-          const float alpha = sc->m[r] == kNegInf ? 0.0f : expf(sc->m[r] - mnew);
-          sc->l[r] *= alpha;
-          scale_row(sc->acc + static_cast<size_t>(r) * Dp, alpha, Dp);
-          sc->m[r] = mnew;
-        }
-        sc->l[r] += exp_row(s, mnew, nk);
-      }
-    }
-    if (!any) continue;
+    if (!softmax_tile(it, sc, kt0, nk, plain, Dp, 1.0f)) continue;
     if constexpr (DT >= 0) {
       accumulate_fast<DT>(sc->acc, rows, D, sc->s, vptr, nk, &pf_v);
     } else {
@@ -1089,32 +1161,382 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
     for (int r = 0; r < rows; ++r) permute_pairs(sc->acc + static_cast<size_t>(r) * Dp, D, false);
   }
 
-  // Write the result: normalised output (and lse), or the partial state for a later merge.
-  for (int t = 0; t < ntok; ++t) {
-    for (int g = 0; g < nh; ++g) {
-      const int r = t * nh + g;
-      const float* a = sc->acc + static_cast<size_t>(r) * Dp;
-      if (it.out == nullptr) {
-        memcpy(it.part_acc + static_cast<size_t>(r) * D, a, sizeof(float) * static_cast<size_t>(D));
-        it.part_m[r] = sc->m[r];
-        it.part_l[r] = sc->l[r];
-        continue;
+  write_rows(it, sc, Dp);
+}
+
+// ---- bf16 dot-product decode (AVX3_DL CPUs with AVX512_BF16: Zen 4, Sapphire Rapids) ----
+// vdpbf16ps multiplies bf16 pairs into float32 accumulators: 32 products per instruction against
+// 16 for an FMA, and bf16 K/V need no conversion. Scores: q is rounded to bf16 (exact for a bf16
+// model; fp8 caches only otherwise: its error is far below fp8's), dot products over pairs of
+// dims, the scale applied to the scores. P.V: the weights are rounded to bf16 (as flash-attention
+// kernels do) and paired over two keys, so each instruction adds two keys' V rows. fp8 K/V become
+// bf16 through two VBMI byte lookups (exact: every fp8 value is a bf16 value). Accumulators keep
+// the dims in the order the unpacks leave them; the output pass puts them back.
+#undef PA_DP
+#undef PA_DP_ATTR
+#if HWY_TARGET == HWY_AVX3_DL
+#define PA_DP 1
+#define PA_DP_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+
+// bf16 bits of the fp8 magnitude m7 (7 bits), exact; the sign is added separately.
+constexpr uint16_t fp8_bf16_mag(bool e4m3, int m7) {
+  const int mbits = e4m3 ? 3 : 2;
+  const int e = m7 >> mbits, m = m7 & ((1 << mbits) - 1);
+  if (e4m3 && m7 == 0x7F) return 0x7FC0;                                     // e4m3fn's NaN
+  if (!e4m3 && e == 31) return static_cast<uint16_t>(0x7F80 | (m << 5));     // inf, NaN
+  const int bias = e4m3 ? 7 : 15;
+  if (e > 0) return static_cast<uint16_t>(((e - bias + 127) << 7) | (m << (7 - mbits)));
+  if (m == 0) return 0;
+  const int lead = m >= 4 ? 2 : (m >= 2 ? 1 : 0);  // subnormal: m * 2^(1 - bias - mbits)
+  return static_cast<uint16_t>(((lead + 1 - bias - mbits + 127) << 7) |
+                               ((m - (1 << lead)) << (7 - lead)));
+}
+
+struct Bf16Tables {
+  alignas(64) uint8_t lo[128];  // low byte of the magnitude's bf16 bits
+  alignas(64) uint8_t hi[128];  // high byte
+};
+
+constexpr Bf16Tables make_bf16_tables(bool e4m3) {
+  Bf16Tables t{};
+  for (int m7 = 0; m7 < 128; ++m7) {
+    t.lo[m7] = static_cast<uint8_t>(fp8_bf16_mag(e4m3, m7) & 0xFF);
+    t.hi[m7] = static_cast<uint8_t>(fp8_bf16_mag(e4m3, m7) >> 8);
+  }
+  return t;
+}
+
+constexpr Bf16Tables kE4M3Bf16 = make_bf16_tables(true);
+constexpr Bf16Tables kE5M2Bf16 = make_bf16_tables(false);
+
+// The lookup tables in registers.
+struct Fp8Lut {
+  __m512i lo0, lo1, hi0, hi1, sign;
+};
+
+template <int DT>
+PA_DP_ATTR HWY_INLINE Fp8Lut fp8_lut() {
+  const Bf16Tables& t = DT == PAGEDATTN_DTYPE_FP8_E4M3 ? kE4M3Bf16 : kE5M2Bf16;
+  return Fp8Lut{_mm512_load_si512(t.lo), _mm512_load_si512(t.lo + 64), _mm512_load_si512(t.hi),
+                _mm512_load_si512(t.hi + 64), _mm512_set1_epi8(static_cast<char>(0x80))};
+}
+
+// 64 fp8 bytes x as bf16: w0 word 8b + t is byte 16b + t, w1 word 8b + t byte 16b + 8 + t
+// (b the 128-bit block, t < 8).
+PA_DP_ATTR HWY_INLINE void fp8_bf16(const Fp8Lut& L, __m512i x, __m512i& w0, __m512i& w1) {
+  const __m512i lo = _mm512_permutex2var_epi8(L.lo0, x, L.lo1);  // index bit 7 ignored
+  __m512i hi = _mm512_permutex2var_epi8(L.hi0, x, L.hi1);
+  hi = _mm512_ternarylogic_epi32(hi, x, L.sign, 0xF8);  // hi | (x & 0x80)
+  w0 = _mm512_unpacklo_epi8(lo, hi);
+  w1 = _mm512_unpackhi_epi8(lo, hi);
+}
+
+constexpr bool dp_fp8(int DT) { return DT != PAGEDATTN_DTYPE_BFLOAT16; }
+
+// Dims per group of the P.V accumulators (bf16: 64, or 32 for a last half group; fp8: 64) and the
+// natural dim of accumulator position x of a group (x = 16v + 4b + t: vector v, block b, lane t).
+template <int DT>
+HWY_INLINE int dp_dim(int x) {
+  const int v = x >> 4, b = (x >> 2) & 3, t = x & 3;
+  if constexpr (dp_fp8(DT)) return 16 * b + 4 * v + t;
+  return 32 * (v >> 1) + 8 * b + 4 * (v & 1) + t;
+}
+
+// The natural dim of q16 position x (within 64) as the fp8 scores read it: K's fp8_bf16 order.
+HWY_INLINE int dp_q_dim_fp8(int x) {
+  const int v = x >> 5, w = x & 31;
+  return 16 * (w >> 3) + 8 * v + (w & 7);
+}
+
+// Sixteen accumulators -> one vector: lane 4c + m = sum of a[4m + c].
+PA_DP_ATTR HWY_INLINE __m512 reduce16(const __m512* a) {
+  __m512 u[8], w[4], z[2];
+  for (int i = 0; i < 8; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    z[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+}
+
+// Accumulator slot of (row r, key b) in a block of R rows x 16/R keys, so that reduce16 leaves
+// row r's keys in lanes [r * 16/R, (r + 1) * 16/R).
+constexpr int dp_slot(int R, int r, int b) {
+  const int lane = r * (16 / R) + b;
+  return 4 * (lane & 3) + (lane >> 2);
+}
+
+// Scores of R rows (q16 at stride D words) against 16/R keys from kp[k]: s[r][k + b] = q . k.
+template <int DT, int R>
+PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int D,
+                                          const void* const* kp, int k, float* HWY_RESTRICT s,
+                                          const Fp8Lut& L) {
+  constexpr int KB = 16 / R;
+  __m512 a[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_setzero_ps();
+  if constexpr (!dp_fp8(DT)) {
+    for (int i = 0; i < D; i += 32) {
+      __m512i qv[R];
+      HWY_UNROLL(4)
+      for (int r = 0; r < R; ++r) qv[r] = _mm512_load_si512(q16 + r * D + i);
+      HWY_UNROLL(16)
+      for (int b = 0; b < KB; ++b) {
+        const __m512i kv = _mm512_loadu_si512(static_cast<const uint16_t*>(kp[k + b]) + i);
+        HWY_UNROLL(4)
+        for (int r = 0; r < R; ++r) {
+          __m512& acc = a[dp_slot(R, r, b)];
+          acc = _mm512_dpbf16_ps(acc, (__m512bh)qv[r], (__m512bh)kv);
+        }
       }
-      const float l = sc->l[r];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      char* op = static_cast<char*>(it.out) +
-                 ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
-                     static_cast<int64_t>(qsz);
-      for (int i = 0; i < D; ++i) store_elem(op, i, it.dtype, a[i] * inv, 1.0f);
-      if (it.lse != nullptr) {
-        it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
-            l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
+    }
+  } else {
+    for (int i = 0; i < D; i += 64) {
+      HWY_UNROLL(16)
+      for (int b = 0; b < KB; ++b) {
+        __m512i w0, w1;
+        fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k + b]) + i), w0, w1);
+        HWY_UNROLL(4)
+        for (int r = 0; r < R; ++r) {
+          __m512& acc = a[dp_slot(R, r, b)];
+          acc = _mm512_dpbf16_ps(acc, (__m512bh)w0,
+                                 (__m512bh)_mm512_load_si512(q16 + r * D + i));
+          acc = _mm512_dpbf16_ps(acc, (__m512bh)w1,
+                                 (__m512bh)_mm512_load_si512(q16 + r * D + i + 32));
+        }
       }
     }
   }
+  alignas(64) float tmp[16];
+  _mm512_store_ps(tmp, reduce16(a));
+  HWY_UNROLL(4)
+  for (int r = 0; r < R; ++r) memcpy(s + r * kKeyTile + k, tmp + r * KB, sizeof(float) * KB);
 }
 
-void AttentionItem(const AttnItem& it, Scratch* sc) {
+// Scores of R rows against keys [0, nk) of kp (padded with a zero row to a multiple of 16).
+template <int DT, int R>
+PA_DP_ATTR HWY_INLINE void dp_score_rows(const uint16_t* q16, int D, const void* const* kp,
+                                         int nk, float* s, const TilePrefetch* pf,
+                                         const Fp8Lut& L) {
+  constexpr int KB = 16 / R;
+  for (int k = 0; k < nk; k += KB) {
+    dp_score_block<DT, R>(q16, D, kp, k, s, L);
+    prefetch_rows(pf, k, k + KB);
+  }
+  if (pf != nullptr) prefetch_rows(pf, nk, pf->n);
+}
+
+// acc rows (stride D, accumulator order) += sum_k p[r][k] v_k over the group of 32 * NV dims at
+// g, keys [0, nk) in pairs (nk even, padded with a zero row and weight 0). p16 holds the weights
+// as bf16, row stride kKeyTile: the 32-bit word at key k is the pair (p_k, p_k+1).
+template <int DT, int R, int NV>
+PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
+                                        const uint16_t* HWY_RESTRICT p16, const void* const* vp,
+                                        int nk, const TilePrefetch* pf, const Fp8Lut& L) {
+  __m512 a[R][NV];
+  HWY_UNROLL(4)
+  for (int r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (int v = 0; v < NV; ++v) a[r][v] = _mm512_load_ps(acc + r * D + g + 16 * v);
+  }
+  for (int k = 0; k < nk; k += 2) {
+    prefetch_rows(pf, k, k + 2);
+    __m512i w[NV];
+    if constexpr (!dp_fp8(DT)) {
+      const uint16_t* v0 = static_cast<const uint16_t*>(vp[k]) + g;
+      const uint16_t* v1 = static_cast<const uint16_t*>(vp[k + 1]) + g;
+      HWY_UNROLL(2)
+      for (int c = 0; c < NV / 2; ++c) {
+        const __m512i x0 = _mm512_loadu_si512(v0 + 32 * c), x1 = _mm512_loadu_si512(v1 + 32 * c);
+        w[2 * c] = _mm512_unpacklo_epi16(x0, x1);
+        w[2 * c + 1] = _mm512_unpackhi_epi16(x0, x1);
+      }
+    } else {
+      static_assert(!dp_fp8(DT) || NV == 4, "fp8 groups are 64 dims");
+      const __m512i x0 = _mm512_loadu_si512(static_cast<const uint8_t*>(vp[k]) + g);
+      const __m512i x1 = _mm512_loadu_si512(static_cast<const uint8_t*>(vp[k + 1]) + g);
+      fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w[0], w[1]);
+      fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w[2], w[3]);
+    }
+    HWY_UNROLL(4)
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      memcpy(&pair, p16 + r * kKeyTile + k, 4);
+      const __m512bh pb = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+      HWY_UNROLL(4)
+      for (int v = 0; v < NV; ++v) a[r][v] = _mm512_dpbf16_ps(a[r][v], (__m512bh)w[v], pb);
+    }
+  }
+  if (pf != nullptr) prefetch_rows(pf, nk, pf->n);
+  HWY_UNROLL(4)
+  for (int r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(acc + r * D + g + 16 * v, a[r][v]);
+  }
+}
+
+template <int DT, int R>
+PA_DP_ATTR HWY_INLINE void dp_acc_rows(float* acc, int D, const uint16_t* p16,
+                                       const void* const* vp, int nk, const TilePrefetch* pf,
+                                       const Fp8Lut& L) {
+  int g = 0;
+  for (; g + 64 <= D; g += 64, pf = nullptr) dp_acc_group<DT, R, 4>(acc, D, g, p16, vp, nk, pf, L);
+  if constexpr (!dp_fp8(DT)) {
+    if (g < D) dp_acc_group<DT, R, 2>(acc, D, g, p16, vp, nk, pf, L);
+  }
+}
+
+// Can the dot-product decode run this item? bf16 caches read by bf16 queries, head sizes that
+// are multiples of 32; fp8 caches, any query dtype, head sizes that are multiples of 64.
+HWY_INLINE bool dp_eligible(const AttnItem& it) {
+  const int rows = (it.h1 - it.h0) * (it.tok1 - it.tok0);
+  if (rows >= 16 || it.head_size > kMaxHeadSize) return false;
+  if (it.kv.dtype == PAGEDATTN_DTYPE_BFLOAT16)
+    return it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && it.head_size % 32 == 0;
+  return (it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2) &&
+         it.head_size % 64 == 0;
+}
+
+// A zero K/V row: padding keys of a tile point here (fp8 0x00 and bf16 0x0000 are +0).
+alignas(64) const uint8_t kZeroRow[kMaxHeadSize * 2] = {};
+
+template <int DT>
+PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
+  const int D = it.head_size;
+  const int nh = it.h1 - it.h0;
+  const int ntok = it.tok1 - it.tok0;
+  const int rows = nh * ntok;
+  const int rows_s = rows % 4 == 3 ? rows + 1 : rows;  // a last group of 3 rows is scored as 4
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t qsz = elem_size(it.dtype);
+  const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
+  // q as bf16 (in K's element order), rows at stride D words; the weights of a tile as bf16.
+  uint16_t* q16 = reinterpret_cast<uint16_t*>(sc->kt);
+  uint16_t* p16 = reinterpret_cast<uint16_t*>(sc->vt);
+  float* qf = sc->q;  // float staging of one q row
+
+  for (int r = 0; r < rows_s; ++r) {
+    uint16_t* qr = q16 + static_cast<size_t>(r) * D;
+    if (r >= rows) {
+      memset(qr, 0, sizeof(uint16_t) * static_cast<size_t>(D));
+      continue;
+    }
+    const int t = r / nh, g = r % nh;
+    const char* qp = static_cast<const char*>(it.q) +
+                     ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
+                         static_cast<int64_t>(qsz);
+    if (it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && !dp_fp8(DT)) {
+      memcpy(qr, qp, sizeof(uint16_t) * static_cast<size_t>(D));
+    } else {
+      load_row(qp, it.dtype, 1.0f, qf, D);
+      for (int x = 0; x < D; ++x) qr[x] = f32_to_bf16(qf[(x & ~63) + dp_q_dim_fp8(x & 63)]);
+    }
+    memset(sc->acc + static_cast<size_t>(r) * D, 0, sizeof(float) * static_cast<size_t>(D));
+    sc->m[r] = kNegInf;
+    sc->l[r] = 0.0f;
+  }
+
+  const int64_t kbeg = std::max(it.key0, item_row_lo(it, 0));
+  const int64_t kend = std::min(it.key1, item_row_hi(it, ntok - 1) + 1);
+  const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
+  const float sfac = it.scale * (dp_fp8(DT) ? it.kv.k_scale : 1.0f);
+  // This tile's and the next tile's row addresses, padded with the zero row to 16 keys.
+  const void* ptrs[2][2][kKeyTile];
+  for (int b = 0; b < 2; ++b)
+    for (int k = 0; k < kKeyTile; ++k) ptrs[b][0][k] = ptrs[b][1][k] = kZeroRow;
+  int cur = 0;
+  const int64_t row_bytes = static_cast<int64_t>(D) * static_cast<int64_t>(elem_size(it.kv.dtype));
+
+  prefetch_first(it, kbeg, kend);
+  if (kbeg < kend)
+    key_ptrs(it, kbeg, static_cast<int>(std::min<int64_t>(kKeyTile, kend - kbeg)), ptrs[0][0],
+             ptrs[0][1], 0);
+  for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
+    const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
+    const int nk16 = (nk + 15) & ~15;
+    const void** kptr = ptrs[cur][0];
+    const void** vptr = ptrs[cur][1];
+    TilePrefetch pf_k{ptrs[cur ^ 1][0], 0, row_bytes};
+    if (kt0 + kKeyTile < kend) {
+      pf_k.n = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile));
+      key_ptrs(it, kt0 + kKeyTile, pf_k.n, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0);
+      for (int k = pf_k.n; k < kKeyTile; ++k) ptrs[cur ^ 1][0][k] = ptrs[cur ^ 1][1][k] = kZeroRow;
+    }
+    const TilePrefetch pf_v{ptrs[cur ^ 1][1], pf_k.n, row_bytes};
+    cur ^= 1;
+    {
+      int r = 0;
+      const TilePrefetch* pf = &pf_k;  // the first row group issues the prefetches
+      for (; r + 4 <= rows_s; r += 4, pf = nullptr)
+        dp_score_rows<DT, 4>(q16 + r * D, D, kptr, nk16, sc->s + r * kKeyTile, pf, L);
+      if (rows_s - r == 2)
+        dp_score_rows<DT, 2>(q16 + r * D, D, kptr, nk16, sc->s + r * kKeyTile, pf, L);
+      else if (rows_s - r == 1)
+        dp_score_rows<DT, 1>(q16 + r * D, D, kptr, nk16, sc->s + r * kKeyTile, pf, L);
+    }
+    if (!softmax_tile(it, sc, kt0, nk, plain, D, sfac, true)) continue;
+    const int nk2 = (nk + 1) & ~1;
+    for (int r = 0; r < rows; ++r) {  // bf16 values already (weights of keys >= nk are 0)
+      const float* s = sc->s + r * kKeyTile;
+      const __m512bh pb = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + 16), _mm512_load_ps(s));
+      _mm512_store_si512(p16 + r * kKeyTile, (__m512i)pb);
+    }
+    {
+      int r = 0;
+      const TilePrefetch* pf = &pf_v;
+      for (; r + 4 <= rows; r += 4, pf = nullptr)
+        dp_acc_rows<DT, 4>(sc->acc + r * D, D, p16 + r * kKeyTile, vptr, nk2, pf, L);
+      switch (rows - r) {
+        case 3: dp_acc_rows<DT, 3>(sc->acc + r * D, D, p16 + r * kKeyTile, vptr, nk2, pf, L); break;
+        case 2: dp_acc_rows<DT, 2>(sc->acc + r * D, D, p16 + r * kKeyTile, vptr, nk2, pf, L); break;
+        case 1: dp_acc_rows<DT, 1>(sc->acc + r * D, D, p16 + r * kKeyTile, vptr, nk2, pf, L); break;
+        default: break;
+      }
+    }
+  }
+
+  // Back to natural dim order (and the V scale of fp8), then the output pass.
+  const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
+  for (int r = 0; r < rows; ++r) {
+    float* a = sc->acc + static_cast<size_t>(r) * D;
+    float* tmp = sc->q;
+    for (int x = 0; x < D; ++x) tmp[(x & ~63) + dp_dim<DT>(x & 63)] = a[x] * vf;
+    memcpy(a, tmp, sizeof(float) * static_cast<size_t>(D));
+  }
+  write_rows(it, sc, D);
+}
+
+// fp8 -> bf16 as the dot-product decode reads K, back in natural order and widened to float32
+// (exact, unscaled), for the exhaustive conversion test. n a multiple of 64.
+template <int DT>
+PA_DP_ATTR HWY_NOINLINE void ConvertDpForTest(const void* src, float* dst, int n) {
+  const Fp8Lut L = fp8_lut<DT>();
+  for (int i = 0; i < n; i += 64) {
+    __m512i w[2];
+    fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(src) + i), w[0], w[1]);
+    alignas(64) uint16_t words[64];
+    _mm512_store_si512(words, w[0]);
+    _mm512_store_si512(words + 32, w[1]);
+    for (int x = 0; x < 64; ++x) dst[i + dp_q_dim_fp8(x)] = bf16_to_f32(words[x]);
+  }
+}
+#endif  // HWY_TARGET == HWY_AVX3_DL
+
+void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
+#ifdef PA_DP
+  if (dp && dp_eligible(it)) {
+    switch (it.kv.dtype) {
+      case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemDp<PAGEDATTN_DTYPE_BFLOAT16>(it, sc); return;
+      case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemDp<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc); return;
+      case PAGEDATTN_DTYPE_FP8_E5M2: AttentionItemDp<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc); return;
+      default: break;
+    }
+  }
+#endif
+  (void)dp;
   const int rows = (it.h1 - it.h0) * (it.tok1 - it.tok0);
   if (rows >= static_cast<int>(hn::Lanes(DF()))) {
     AttentionItemWide(it, sc);
@@ -1179,6 +1601,13 @@ void ConvertForTest(pagedattn_dtype dt, int mode, const void* src, float* dst, i
     load_row(src, dt, 1.0f, dst, n);
     return;
   }
+  if (mode == 3) {
+#ifdef PA_DP
+    if (dt == PAGEDATTN_DTYPE_FP8_E4M3) ConvertDpForTest<PAGEDATTN_DTYPE_FP8_E4M3>(src, dst, n);
+    if (dt == PAGEDATTN_DTYPE_FP8_E5M2) ConvertDpForTest<PAGEDATTN_DTYPE_FP8_E5M2>(src, dst, n);
+#endif
+    return;
+  }
   const bool quads = mode == 2;
   switch (dt) {
     case PAGEDATTN_DTYPE_FLOAT16: convert_vecs<PAGEDATTN_DTYPE_FLOAT16>(src, dst, n, quads); break;
@@ -1204,8 +1633,8 @@ void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const
   HWY_DISPATCH_TABLE(ConvertForTest)[target_index](dt, mode, src, dst, n);
 }
 
-void attention_item(uint32_t target_index, const AttnItem& item, Scratch* scratch) {
-  HWY_DISPATCH_TABLE(AttentionItem)[target_index](item, scratch);
+void attention_item(const Target& target, const AttnItem& item, Scratch* scratch) {
+  HWY_DISPATCH_TABLE(AttentionItem)[target.index](item, scratch, target.bf16_dp);
 }
 
 void attention_merge_parts(uint32_t /*target_index*/, const AttnItem& it, int n, const float* acc,

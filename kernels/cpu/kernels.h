@@ -16,11 +16,14 @@ namespace pa_cpu {
 
 /* ---- targets (targets.cpp) ---- */
 
-/* The SIMD target a backend uses: its Highway bit, its name and its dispatch-table index. */
+/* The SIMD target a backend uses: its Highway bit, its name and its dispatch-table index.
+ * bf16_dp: the AVX3_DL code also runs decode through AVX512_BF16 dot products (the pseudo
+ * target "AVX3_BF16", chosen first where the CPU has AVX512_BF16). */
 struct Target {
   int64_t bit;
   const char* name;
   uint32_t index;
+  bool bf16_dp;
 };
 
 /* Picks the best runnable target, or the one named (hwy::TargetName spelling: "AVX3", "AVX2",
@@ -105,7 +108,7 @@ struct AttnItem {
 };
 
 /* Runs one work item with the given target. */
-void attention_item(uint32_t target_index, const AttnItem& item, Scratch* scratch);
+void attention_item(const Target& target, const AttnItem& item, Scratch* scratch);
 
 /* Combines `n` partial states (acc [rows][D] with stride part_stride floats between parts, m, l
  * [rows] with stride ml_stride) into the output rows of `item` (its out/lse/heads/tokens). */
@@ -116,8 +119,9 @@ void attention_merge_parts(uint32_t target_index, const AttnItem& item, int n,
 /* Converts n cache elements of dtype dt (n a multiple of 64) to float32 as the attention kernels
  * do: mode 0 in registers one vector at a time (fp8 unscaled, e4m3 times 2^-8), mode 1 into a K/V
  * tile with scale 1, mode 2 in registers as the fp8 decode path of head sizes that are multiples
- * of 4 vectors reads them (AVX3_DL: byte lookups; elsewhere as mode 0). For the exhaustive
- * conversion test. */
+ * of 4 vectors reads them (AVX3_DL: byte lookups; elsewhere as mode 0), mode 3 (fp8 only, the
+ * AVX3_DL target on a CPU with AVX512_BF16) through bf16 as the dot-product decode reads them,
+ * exact and unscaled; other targets leave dst alone. For the exhaustive conversion test. */
 void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const void* src,
                       float* dst, int n);
 

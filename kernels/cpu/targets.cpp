@@ -22,15 +22,39 @@ uint32_t index_of(int64_t bit) {
   return static_cast<uint32_t>(hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<uint64_t>(mask)));
 }
 
+// The pseudo target on top of AVX3_DL: decode through AVX512_BF16 dot products (attention.cpp).
+constexpr const char* kBf16DpName = "AVX3_BF16";
+
+bool cpu_has_bf16_dp() {
+#if HWY_ARCH_X86 && (HWY_TARGETS & HWY_AVX3_DL)
+  return __builtin_cpu_supports("avx512bf16") != 0;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 bool target_select(const char* name, Target* out, char* msg) {
   const int64_t runnable = hwy::SupportedTargets() & HWY_TARGETS;
+  const bool dp_ok = (runnable & HWY_AVX3_DL) != 0 && cpu_has_bf16_dp();
+  out->bf16_dp = false;
   if (name == nullptr || name[0] == '\0') {
     const int64_t best = runnable & -runnable;  // lower bit = better target
     out->bit = best;
     out->name = hwy::TargetName(best);
     out->index = index_of(best);
+    if (best == HWY_AVX3_DL && dp_ok) {
+      out->name = kBf16DpName;
+      out->bf16_dp = true;
+    }
+    return true;
+  }
+  if (strcmp(name, kBf16DpName) == 0 && dp_ok) {
+    out->bit = HWY_AVX3_DL;
+    out->name = kBf16DpName;
+    out->index = index_of(HWY_AVX3_DL);
+    out->bf16_dp = true;
     return true;
   }
   // The portable fallback is EMU128 or SCALAR depending on the compiler (Highway uses SCALAR
@@ -46,7 +70,7 @@ bool target_select(const char* name, Target* out, char* msg) {
       return true;
     }
   }
-  std::string list;
+  std::string list = dp_ok ? kBf16DpName : "";
   for (int64_t t = runnable; t != 0; t &= t - 1) {
     if (!list.empty()) list += ", ";
     list += hwy::TargetName(t & -t);

@@ -95,6 +95,34 @@ int main() {
       }
     }
   }
+  // The bf16 dot-product decode's fp8 -> bf16 lookups (AVX3_BF16: AVX3_DL with AVX512_BF16).
+  pa_cpu::Target dp;
+  char dp_msg[PA_MSG_LEN];
+  if (pa_cpu::target_select("AVX3_BF16", &dp, dp_msg)) {
+    for (int ci = 0; ci < 2; ++ci) {
+      const Case& c = cases[ci];
+      std::vector<unsigned char> src(256);
+      for (int x = 0; x < 256; ++x) src[static_cast<size_t>(x)] = static_cast<unsigned char>(x);
+      std::vector<float> dst(256, pa_cpu::bits_f32(0x7FBADBADu));
+      pa_cpu::convert_for_test(dp.index, c.dt, 3, src.data(), dst.data(), 256);
+      int bad = 0;
+      for (int x = 0; x < 256; ++x) {
+        const float want = reference(c.dt, static_cast<uint32_t>(x));
+        const float got = dst[static_cast<size_t>(x)];
+        if (!same(want, got) || pa_cpu::f32_bits(got) == 0x7FBADBADu) {
+          if (bad < 4)
+            fprintf(stderr, "FAIL AVX3_BF16 %s bf16 input 0x%X: want %a got %a\n", c.name, x,
+                    static_cast<double>(want), static_cast<double>(got));
+          ++bad;
+        }
+      }
+      printf("%-8s %-9s %-8s %5d values: %s (%d wrong)\n", "AVX3_BF16", c.name, "bf16", 256,
+             bad ? "FAIL" : "ok", bad);
+      failures += bad;
+    }
+  } else {
+    printf("AVX3_BF16: skipped: %s\n", dp_msg);
+  }
   if (targets == 0) {
     fprintf(stderr, "FAIL: no runnable target\n");
     return 1;

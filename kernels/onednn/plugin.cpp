@@ -693,7 +693,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
       it.part_acc = w->part_acc.data() + j * acc_stride;
       it.part_m = w->part_m.data() + j * pa_cpu::kMaxRows;
       it.part_l = w->part_l.data() + j * pa_cpu::kMaxRows;
-      pa_cpu::attention_item(b->target.index, it, w->workers[static_cast<size_t>(worker)].cpu);
+      pa_cpu::attention_item(b->target, it, w->workers[static_cast<size_t>(worker)].cpu);
     });
     b->pool->run(total, [&](int, int64_t i) {
       pa_cpu::AttnItem it;
@@ -718,7 +718,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
       if (dnnl) {
         tile_item(b, wk, it, bf16);
       } else {
-        pa_cpu::attention_item(b->target.index, it, wk.cpu);
+        pa_cpu::attention_item(b->target, it, wk.cpu);
       }
     } catch (const std::exception& e) {
       if (failed.fetch_add(1) == 0) err = e.what();

@@ -375,7 +375,7 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
         it.part_m = part + static_cast<size_t>(kMaxRows) * kMaxHeadSize;
         it.part_l = it.part_m + kMaxRows;
       }
-      attention_item(ti, it, &plan->scratch[worker]);
+      attention_item(b->target, it, &plan->scratch[worker]);
     });
 
     // 4. Merge the split parts.
