@@ -422,3 +422,42 @@ def test_slot_mapping_inputs_of_several_kinds(be: pa.Backend) -> None:
     cache.write(0, 3 * row, 3 * row, (0, 5))
     k = cache.read_blocks([0, 1]).view(np.float32).reshape(2, 2, 4, 8)[:, 0, :, 0]
     assert k.tolist() == [[3, 1, 2, 0], [0, 3, 1, 2]]
+
+
+def test_dtype_names_sizes_and_dlpack_types() -> None:
+    want = {
+        pa.Dtype.FLOAT32: ("float32", 4, (pa.DLPackCode.FLOAT, 32, 1)),
+        pa.Dtype.FLOAT16: ("float16", 2, (pa.DLPackCode.FLOAT, 16, 1)),
+        pa.Dtype.BFLOAT16: ("bfloat16", 2, (pa.DLPackCode.BFLOAT, 16, 1)),
+        pa.Dtype.FP8_E4M3: ("fp8_e4m3", 1, (pa.DLPackCode.FLOAT8_E4M3FN, 8, 1)),
+        pa.Dtype.FP8_E5M2: ("fp8_e5m2", 1, (pa.DLPackCode.FLOAT8_E5M2, 8, 1)),
+    }
+    assert set(want) == set(pa.Dtype)
+    for dt, (name, size, dl) in want.items():
+        assert dt.library_name == pa.dtype_name(dt) == name
+        assert dt.itemsize == pa.dtype_size(dt) == size
+        got = dt.to_dlpack()
+        assert got == pa.dtype_to_dlpack(dt) == pa.DLPackDtype(*dl)
+        assert isinstance(got.code, pa.DLPackCode)
+        assert pa.Dtype.from_dlpack(got) is dt
+        assert pa.dtype_from_dlpack(tuple(got)) is dt
+        assert pa.dtype_from_dlpack(tuple(got)[:2]) is dt  # lanes default to 1
+    # numpy arrays are described with the same codes the library maps.
+    assert pa.dtype_from_dlpack((pa.DLPackCode.FLOAT, np.dtype(np.float16).itemsize * 8)) \
+        is pa.Dtype.FLOAT16
+    # Values that are not dtypes: the C functions' own answers.
+    assert pa.dtype_name(0) == pa.dtype_name(99) == "invalid"
+    assert pa.dtype_size(0) == 0
+    with pytest.raises(pa.PagedAttnError) as e:
+        pa.dtype_to_dlpack(0)
+    assert e.value.code == pa.Status.INVALID_ARGUMENT and "dtype = 0" in e.value.message
+    for bad in [(pa.DLPackCode.INT, 32), (pa.DLPackCode.FLOAT, 64), (pa.DLPackCode.FLOAT, 32, 4)]:
+        with pytest.raises(pa.PagedAttnError) as e:
+            pa.dtype_from_dlpack(bad)
+        assert e.value.code == pa.Status.UNSUPPORTED
+        assert f"code {int(bad[0])}, bits {bad[1]}" in e.value.message
+    with pytest.raises(ValueError):
+        pa.dtype_from_dlpack((2,))
+    with pytest.raises(ValueError):
+        pa.dtype_from_dlpack((2, 300))
+
