@@ -250,7 +250,22 @@ def _dlpack_code(code: int) -> int:
 
 
 class _Handle:
-    """An owned C handle: ``close()`` (idempotent), context manager, and a finalizer safety net."""
+    """An owned C handle: ``close()`` (idempotent), context manager, and a finalizer safety net.
+
+    Lifetime rules shared by :class:`Backend`, :class:`KVCache` and :class:`Batch`:
+
+    - ``close()`` destroys the C object now; closing again does nothing (like ``file.close()``).
+      Leaving a ``with`` block closes it; an object never closed is destroyed by its finalizer
+      when it is garbage-collected (or at interpreter exit).
+    - After ``close()`` every method and property that needs the object (and every call that
+      is given it, such as :func:`forward`) raises :class:`PagedAttnError` with
+      ``Status.INVALID_HANDLE``; the binding checks this before reaching C, so nothing is read
+      from freed memory. ``closed`` and ``repr()`` keep working.
+    - Any order of closing is safe. The C library keeps a backend alive until the last cache and
+      batch created from it are destroyed, so closing a :class:`Backend` first leaves its caches
+      and batches fully usable (only calls that take the closed backend object itself raise);
+      a batch stays valid after its cache is closed (a forward needs a live cache, though).
+    """
 
     _kind = "handle"
 
@@ -270,12 +285,14 @@ class _Handle:
         return self._ptr is None
 
     def close(self) -> None:
-        """Destroys the C object now. Closing twice is harmless; any later use raises
-        :class:`PagedAttnError` with ``Status.INVALID_HANDLE``."""
+        """Destroys the C object now. Closing twice is harmless (the second call does nothing);
+        any later use raises :class:`PagedAttnError` with ``Status.INVALID_HANDLE``. Objects
+        created from this one stay usable (see the class docstring)."""
         self._ptr = None
         self._finalizer()  # runs the destroy at most once
 
     def __enter__(self):
+        """Returns self; raises ``INVALID_HANDLE`` if already closed."""
         self._handle()
         return self
 
@@ -345,6 +362,9 @@ class Backend(_Handle):
 
     Raises:
         PagedAttnError: e.g. ``UNKNOWN_BACKEND``, ``BACKEND_UNAVAILABLE`` (the message says why).
+
+    ``close()`` is idempotent; afterwards every method raises ``INVALID_HANDLE``, while the
+    caches and batches created from the backend keep working until they are closed themselves.
     """
 
     _kind = "Backend"
@@ -470,7 +490,12 @@ def _i64p(arr: Optional[np.ndarray]) -> Any:
 
 class KVCache(_Handle):
     """A paged KV cache. Create with :meth:`create` (library-owned memory) or :meth:`wrap`
-    (caller memory used in place). Keeps its :class:`Backend` (and wrapped arrays) alive."""
+    (caller memory used in place). Keeps its :class:`Backend` (and wrapped arrays) alive.
+
+    ``close()`` is idempotent and frees library-owned memory; afterwards every method raises
+    :class:`PagedAttnError` with ``INVALID_HANDLE``. It may be closed before or after its
+    backend and the batches planned against it.
+    """
 
     _kind = "KVCache"
 
@@ -490,11 +515,11 @@ class KVCache(_Handle):
             PagedAttnError: ``UNSUPPORTED`` (head/block size or dtype), ``INVALID_ARGUMENT``,
             ``OUT_OF_MEMORY``...
         """
+        bh = backend._handle()
         desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size, Dtype(dtype),
                          Layout(layout), KV_CACHE_HOST if host else 0)._struct()
         out = ctypes.c_void_p()
-        _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), backend._handle(),
-                                                ctypes.byref(desc)))
+        _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), bh, ctypes.byref(desc)))
         return cls(out.value, backend)
 
     @classmethod
@@ -509,6 +534,7 @@ class KVCache(_Handle):
         taken from the arrays (float32/float16/bfloat16); fp8 caches pass ``uint8`` arrays and
         ``dtype=Dtype.FP8_E4M3`` or ``FP8_E5M2``. The arrays are kept alive by the cache.
         """
+        backend._handle()  # a closed backend is INVALID_HANDLE before anything else
         if len(k_layers) == 0 or len(k_layers) != len(v_layers):
             raise ValueError("wrap: need as many V layers as K layers, at least one")
         layout = Layout(layout)
@@ -685,7 +711,11 @@ class Batch(_Handle):
 
     Raises:
         PagedAttnError: ``OUT_OF_RANGE`` (a block id outside the cache, a short table row),
-        ``INVALID_ARGUMENT`` (negative lengths)...
+        ``INVALID_ARGUMENT`` (negative lengths), ``INVALID_HANDLE`` (a closed backend or
+        cache)...
+
+    ``close()`` is idempotent; afterwards every method raises ``INVALID_HANDLE``. A batch may be
+    closed before or after its backend and caches.
     """
 
     _kind = "Batch"
@@ -696,6 +726,8 @@ class Batch(_Handle):
                  cross_block_tables: Any = None, max_num_seqs: int = 0, max_num_tokens: int = 0,
                  max_blocks_per_seq: int = 0, max_num_encoder_tokens: int = 0,
                  max_seq_len: int = 0) -> None:
+        bh = backend._handle()
+        cache_h, cross_h = _handle_or_null(cache), _handle_or_null(cross_cache)
         desc, keep = self._desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
                                 cross_block_tables)
         desc.max_num_seqs, desc.max_num_tokens = max_num_seqs, max_num_tokens
@@ -703,8 +735,7 @@ class Batch(_Handle):
             max_num_encoder_tokens
         desc.max_seq_len = max_seq_len
         out = ctypes.c_void_p()
-        _check(_lib().pagedattn_batch_create(ctypes.byref(out), backend._handle(),
-                                             _handle_or_null(cache), _handle_or_null(cross_cache),
+        _check(_lib().pagedattn_batch_create(ctypes.byref(out), bh, cache_h, cross_h,
                                              ctypes.byref(desc)))
         del keep
         super().__init__(out.value, _lib().pagedattn_batch_destroy)
