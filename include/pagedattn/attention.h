@@ -73,13 +73,19 @@ PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(pagedattn_attent
  * keys from the cache (decoder, cross), so new tokens see each other through the cache.
  * No allocation, no validation pass over the tables and no host sync: capturable in a CUDA/HIP
  * graph on GPU backends. Runs on `stream` (NULL = default; ignored on CPU).
- * Returns: PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE,
- * PAGEDATTN_ERROR_INVALID_ARGUMENT (H % Hkv != 0, non-positive shape, head_size != the cache's,
- * num_kv_heads != the cache's, negative window or cap, bad scales or flags, ALiBi or a window
- * with a non-decoder type, ENCODER types with context_len > 0, write_kv with ENCODER_ONLY, a cache
- * whose block size or count differs from the one planned), PAGEDATTN_ERROR_BAD_TENSOR (rank,
- * shape, dtype, stride), PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_OUT_OF_RANGE (layer),
- * PAGEDATTN_ERROR_UNSUPPORTED (a feature, head size or dtype combination the backend lacks),
+ * Returns: PAGEDATTN_ERROR_NULL_POINTER (backend, batch, opts, q, out, the cache unless
+ * ENCODER_ONLY, k/v when needed, a tensor's data with elements), PAGEDATTN_ERROR_STRUCT_SIZE,
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (unknown attention_type, H % Hkv != 0, non-positive shape,
+ * head_size != the cache's, num_kv_heads != the cache's, negative window or cap, a scale that is
+ * negative or not finite, k/v scales not finite and > 0, write_kv not 0 or 1, flags != 0, ALiBi or
+ * a window with a non-decoder type, ENCODER types with context_len > 0, write_kv with
+ * ENCODER_ONLY, CROSS with a batch planned without encoder_lens, a batch planned without the
+ * cache, a cache whose block size or count differs from the one planned),
+ * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, stride; ALiBi slopes not float32 [H]),
+ * PAGEDATTN_ERROR_WRONG_DEVICE (a tensor off the backend's device, a host cache),
+ * PAGEDATTN_ERROR_OUT_OF_RANGE (layer), PAGEDATTN_ERROR_OVERFLOW (a tensor whose strides or
+ * byte_offset make element or byte offsets overflow int64), PAGEDATTN_ERROR_UNSUPPORTED (a
+ * feature, head size, layout or dtype combination the backend lacks),
  * PAGEDATTN_ERROR_INVALID_HANDLE (handles from different backends or destroyed),
  * PAGEDATTN_ERROR_DEVICE. On error nothing is written (neither out, lse nor the cache). */
 PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
@@ -97,9 +103,13 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
  * o1, o2, out: [T, H, D] of one dtype (float32/float16/bfloat16); lse1, lse2: float32 [T, H];
  * lse_out: optional float32 [T, H]. A state with lse = -inf is empty (contributes nothing); if
  * both are empty, out is 0 and lse_out -inf. out may be o1 or o2 (in place), lse_out may be lse1
- * or lse2. All on the backend's device; runs on `stream`. Returns PAGEDATTN_ERROR_NULL_POINTER,
- * PAGEDATTN_ERROR_BAD_TENSOR, PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_INVALID_HANDLE,
- * PAGEDATTN_ERROR_UNSUPPORTED, PAGEDATTN_ERROR_DEVICE. */
+ * or lse2. All on the backend's device; runs on `stream`. Returns PAGEDATTN_ERROR_NULL_POINTER
+ * (backend, a tensor other than lse_out, or a tensor's data with elements),
+ * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, stride), PAGEDATTN_ERROR_WRONG_DEVICE,
+ * PAGEDATTN_ERROR_OVERFLOW (a tensor whose strides or byte_offset make element or byte offsets
+ * overflow int64), PAGEDATTN_ERROR_INVALID_HANDLE (backend destroyed),
+ * PAGEDATTN_ERROR_UNSUPPORTED (dtype or merge_states not supported by the backend),
+ * PAGEDATTN_ERROR_DEVICE. */
 PAGEDATTN_API pagedattn_status pagedattn_merge_states(pagedattn_backend* backend,
                                                      pagedattn_tensor* out,
                                                      pagedattn_tensor* lse_out,

@@ -93,8 +93,12 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_get_info(pagedattn_backend_info
  * Returns: PAGEDATTN_ERROR_NULL_POINTER (out or name), PAGEDATTN_ERROR_STRUCT_SIZE,
  * PAGEDATTN_ERROR_INVALID_ARGUMENT (negative thread count or device index, flags != 0),
  * PAGEDATTN_ERROR_UNKNOWN_BACKEND, PAGEDATTN_ERROR_BACKEND_UNAVAILABLE (no such device, no
- * driver), PAGEDATTN_ERROR_PLUGIN / PAGEDATTN_ERROR_PLUGIN_ABI (the message names the file),
- * PAGEDATTN_ERROR_OUT_OF_MEMORY, PAGEDATTN_ERROR_DEVICE. Thread-safe. */
+ * driver, a device index other than 0 on a CPU backend, oneDNN failing to initialise),
+ * PAGEDATTN_ERROR_PLUGIN / PAGEDATTN_ERROR_PLUGIN_ABI (the message names the file),
+ * PAGEDATTN_ERROR_UNSUPPORTED (cpu, onednn: PAGEDATTN_CPU_TARGET names a SIMD target this build
+ * cannot run on this CPU), PAGEDATTN_ERROR_OUT_OF_MEMORY (host memory, worker threads, device
+ * memory), PAGEDATTN_ERROR_DEVICE. With "auto", the status of the last candidate tried (cpu) and
+ * a message listing why each candidate failed. Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_backend_create(pagedattn_backend** out, const char* name,
                                                        const pagedattn_backend_options* opts);
 
@@ -112,7 +116,9 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_get_capabilities(
 
 /* Waits until all work pagedattn queued on `stream` (NULL = default stream) has finished, and
  * reports an asynchronous device error if one occurred. CPU backends run synchronously, so this
- * returns PAGEDATTN_OK at once. Returns PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_DEVICE.
+ * returns PAGEDATTN_OK at once for a valid backend. Returns PAGEDATTN_ERROR_NULL_POINTER
+ * (backend), PAGEDATTN_ERROR_INVALID_HANDLE (backend destroyed or not a backend),
+ * PAGEDATTN_ERROR_DEVICE (GPU: the stream synchronisation failed, e.g. an earlier kernel faulted).
  * Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_backend_synchronize(pagedattn_backend* backend,
                                                             void* stream);

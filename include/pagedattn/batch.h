@@ -77,8 +77,11 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init(pagedattn_batch_desc* d
  * needs), PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_ARGUMENT (negative length or count,
  * capacity below this batch, slot_mapping entry < -1), PAGEDATTN_ERROR_OUT_OF_RANGE (a block id
  * outside its cache, a table row shorter than needed, a caller slot outside the cache),
- * PAGEDATTN_ERROR_OVERFLOW (sums that overflow), PAGEDATTN_ERROR_INVALID_HANDLE (a cache of
- * another backend), PAGEDATTN_ERROR_OUT_OF_MEMORY, PAGEDATTN_ERROR_DEVICE. Thread-safe. */
+ * PAGEDATTN_ERROR_OVERFLOW (sums that overflow), PAGEDATTN_ERROR_INVALID_HANDLE (a destroyed
+ * backend or cache, or a cache of another backend), PAGEDATTN_ERROR_OUT_OF_MEMORY (host metadata
+ * or, on GPU, device metadata and workspace; also when they would exceed the backend's
+ * memory_limit), PAGEDATTN_ERROR_DEVICE (GPU: copying the metadata to the device failed).
+ * Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
                                                      pagedattn_backend* backend,
                                                      const pagedattn_kv_cache* cache,
@@ -87,10 +90,25 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
 
 /* Replaces the batch's contents in place with a new step of no larger capacity (for CUDA/HIP
  * graph replay: device buffers keep their addresses). The capacity fields of desc are ignored.
- * Validated exactly as create; on failure the batch keeps its previous contents. On GPU the new
- * metadata is copied with a synchronous host-to-device copy. Returns the statuses of create plus
+ * Validated exactly as create, against the caches the batch was planned with; on failure the
+ * batch keeps its previous contents.
+ * On GPU backends (cuda, hip) update rewrites the batch's device metadata in place: it rebuilds
+ * the host copy (lengths, query starts, block tables, slot mappings, work lists), then copies it
+ * into the same device buffer with a synchronous host-to-device cudaMemcpy / hipMemcpy issued on
+ * the device's legacy default (NULL) stream, not on any caller stream, and waits for that stream
+ * before returning. Forwards (and graph replays) queued earlier read that buffer when they run.
+ * The runtime orders the copy after work already queued on blocking streams of the device, but
+ * not after work on streams created with cudaStreamNonBlocking / hipStreamNonBlocking (what
+ * engines usually use), and the library waits for none of the caller's streams. So before
+ * calling update the caller must make sure that no earlier forward or graph replay using this
+ * batch is still pending or running on another stream (for example
+ * pagedattn_backend_synchronize on that stream, or an event the update waits for). Work queued
+ * after update returns sees the new contents. The split-KV workspace is not touched. On CPU
+ * backends update only rewrites host memory, under the batch's lock.
+ * Returns the statuses of create (PAGEDATTN_ERROR_INVALID_HANDLE: batch destroyed) plus
  * PAGEDATTN_ERROR_CAPACITY (more sequences, tokens, table width, encoder tokens or sequence length
- * than planned). Needs exclusive access to the batch. */
+ * than planned) and PAGEDATTN_ERROR_INVALID_ARGUMENT (block tables or encoder_lens for a batch
+ * planned without a cache or cross cache). Needs exclusive access to the batch. */
 PAGEDATTN_API pagedattn_status pagedattn_batch_update(pagedattn_batch* batch,
                                                      const pagedattn_batch_desc* desc);
 
@@ -113,14 +131,14 @@ typedef struct pagedattn_batch_info {
   int32_t block_size;
 } pagedattn_batch_info;
 
-/* Fills *out (up to out->struct_size bytes). Returns PAGEDATTN_ERROR_NULL_POINTER,
- * PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_HANDLE. Thread-safe. */
+/* Fills *out (up to out->struct_size bytes). Returns PAGEDATTN_ERROR_NULL_POINTER (out, batch),
+ * PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_HANDLE (batch destroyed). Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_batch_get_info(pagedattn_batch_info* out,
                                                        const pagedattn_batch* batch);
 
 /* Exposes the planned slot mapping (num_tokens int64 entries, host memory owned by the batch,
- * valid until the next update or destroy). Returns PAGEDATTN_ERROR_NULL_POINTER,
- * PAGEDATTN_ERROR_INVALID_HANDLE. */
+ * valid until the next update or destroy). Returns PAGEDATTN_ERROR_NULL_POINTER (out, count,
+ * batch), PAGEDATTN_ERROR_INVALID_HANDLE (batch destroyed). */
 PAGEDATTN_API pagedattn_status pagedattn_batch_get_slot_mapping(const int64_t** out,
                                                                int64_t* count,
                                                                const pagedattn_batch* batch);

@@ -35,7 +35,17 @@
 extern "C" {
 #endif
 
-/* Status codes. Values are part of the ABI and never change meaning. */
+/* Status codes. Values are part of the ABI and never change meaning.
+ *
+ * Each function's comment lists the statuses its own checks return. In addition, any function
+ * that returns a pagedattn_status may return, from any call:
+ *  - PAGEDATTN_ERROR_OUT_OF_MEMORY when a host allocation inside the library fails (every entry
+ *    point catches std::bad_alloc at the boundary and reports it this way), and, on GPU
+ *    backends, when the device runtime reports an out-of-memory error for queued work (rather
+ *    than PAGEDATTN_ERROR_DEVICE);
+ *  - PAGEDATTN_ERROR_INTERNAL for any other unexpected failure inside the library or a backend
+ *    (every other exception is caught at the boundary too): a bug; please report the message.
+ * Functions that return something other than a pagedattn_status cannot fail. */
 typedef enum pagedattn_status {
   PAGEDATTN_OK = 0,
   /* A value is outside what the call accepts (negative length, H % Hkv != 0, bad enum...). */
@@ -109,10 +119,12 @@ typedef enum pagedattn_dtype {
 /* Bit for a dtype in capability masks. */
 #define PAGEDATTN_DTYPE_BIT(dt) (1u << (unsigned)(dt))
 
-/* Returns the dtype's name ("bfloat16", "fp8_e4m3"...) or "invalid". Static; thread-safe. */
+/* Returns the dtype's name ("float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"), or
+ * "invalid" for any other value. Never NULL; static; thread-safe; cannot fail. */
 PAGEDATTN_API const char* pagedattn_dtype_name(pagedattn_dtype dtype);
 
-/* Returns the size of one element in bytes (4, 2, 2, 1, 1), or 0 for an invalid dtype. */
+/* Returns the size of one element in bytes (4, 2, 2, 1, 1), or 0 for an invalid dtype.
+ * Thread-safe; cannot fail. */
 PAGEDATTN_API size_t pagedattn_dtype_size(pagedattn_dtype dtype);
 
 #ifdef __cplusplus

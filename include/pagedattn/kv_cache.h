@@ -65,11 +65,14 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_bytes_per_block(
 /* Creates a cache whose memory the library allocates on the backend's device (or pinned host
  * memory with PAGEDATTN_KV_CACHE_HOST). The contents start as zeros. Layers are contiguous:
  * layer l's K blocks, then its V blocks. Free with pagedattn_kv_cache_destroy.
- * Returns: PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE,
- * PAGEDATTN_ERROR_INVALID_ARGUMENT (non-positive sizes, bad layout or flags),
- * PAGEDATTN_ERROR_UNSUPPORTED (head size, block size or dtype the backend lacks; the message lists
- * what it supports), PAGEDATTN_ERROR_OVERFLOW, PAGEDATTN_ERROR_OUT_OF_MEMORY,
- * PAGEDATTN_ERROR_INVALID_HANDLE, PAGEDATTN_ERROR_DEVICE. Thread-safe. */
+ * Returns: PAGEDATTN_ERROR_NULL_POINTER (out, backend, desc), PAGEDATTN_ERROR_STRUCT_SIZE,
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (non-positive sizes, a block size that is not a power of two
+ * in 1..256, bad dtype, layout or flags), PAGEDATTN_ERROR_UNSUPPORTED (head size, block size,
+ * dtype or layout the backend lacks; the message lists what it supports),
+ * PAGEDATTN_ERROR_OVERFLOW (the cache's byte size overflows), PAGEDATTN_ERROR_OUT_OF_MEMORY (the
+ * allocation failed or would exceed the backend's memory_limit), PAGEDATTN_ERROR_INVALID_HANDLE
+ * (backend destroyed), PAGEDATTN_ERROR_DEVICE (GPU: preparing the cache on the device failed).
+ * Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_create(pagedattn_kv_cache** out,
                                                         pagedattn_backend* backend,
                                                         const pagedattn_kv_cache_desc* desc);
@@ -90,10 +93,14 @@ typedef struct pagedattn_kv_cache_memory {
 
 /* Creates a cache over caller memory, used in place (e.g. a framework's tensors). The library
  * copies the pointer arrays but not the memory, which must stay valid and unmoved until the cache
- * is destroyed; the caller keeps ownership. Returns the statuses of create (except
- * OUT_OF_MEMORY for the blocks themselves), plus PAGEDATTN_ERROR_WRONG_DEVICE (memory on a
- * device the backend cannot use), PAGEDATTN_ERROR_INVALID_ARGUMENT for strides that make blocks,
- * slots or heads overlap or a NULL layer pointer. Thread-safe. */
+ * is destroyed; the caller keeps ownership. Returns the statuses of create (its
+ * OUT_OF_MEMORY then only for the library's own bookkeeping, never for the blocks), plus
+ * PAGEDATTN_ERROR_NULL_POINTER (memory, memory->k_layers or memory->v_layers),
+ * PAGEDATTN_ERROR_UNSUPPORTED (the backend lacks PAGEDATTN_FEATURE_WRAP_CACHE),
+ * PAGEDATTN_ERROR_WRONG_DEVICE (memory on a device the backend cannot use),
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (strides not all > 0 nor all 0, strides that make blocks,
+ * slots or heads overlap, a NULL layer pointer), PAGEDATTN_ERROR_OVERFLOW (strides whose element
+ * offsets overflow int64). Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
                                                       pagedattn_backend* backend,
                                                       const pagedattn_kv_cache_desc* desc,
@@ -105,7 +112,8 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
 PAGEDATTN_API void pagedattn_kv_cache_destroy(pagedattn_kv_cache* cache);
 
 /* Copies the cache's geometry into *out (up to out->struct_size bytes). Returns
- * PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_HANDLE. */
+ * PAGEDATTN_ERROR_NULL_POINTER (out, cache), PAGEDATTN_ERROR_STRUCT_SIZE,
+ * PAGEDATTN_ERROR_INVALID_HANDLE (cache destroyed). Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_desc(pagedattn_kv_cache_desc* out,
                                                           const pagedattn_kv_cache* cache);
 
@@ -128,10 +136,14 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_layer(void** k, void** v,
  * < -1 or >= num_blocks*block_size gives PAGEDATTN_ERROR_OUT_OF_RANGE and writes nothing. A slot
  * mapping in GPU memory cannot be read without a host sync: GPU backends then check each slot in
  * the kernel and never write out of range, skipping bad slots.
- * Runs on `stream` (NULL = default; ignored on CPU). Returns PAGEDATTN_ERROR_NULL_POINTER,
- * PAGEDATTN_ERROR_BAD_TENSOR, PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_OUT_OF_RANGE (layer or
- * slot), PAGEDATTN_ERROR_INVALID_ARGUMENT (scales), PAGEDATTN_ERROR_INVALID_HANDLE,
- * PAGEDATTN_ERROR_DEVICE. */
+ * Runs on `stream` (NULL = default; ignored on CPU). Returns PAGEDATTN_ERROR_NULL_POINTER
+ * (cache, key, value, slot_mapping, or a tensor's data with elements),
+ * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, strides; slot_mapping not 1-D int32/int64 with
+ * unit stride), PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_OUT_OF_RANGE (layer or slot),
+ * PAGEDATTN_ERROR_OVERFLOW (a tensor whose strides or byte_offset make element or byte offsets
+ * overflow int64), PAGEDATTN_ERROR_UNSUPPORTED (a key dtype other than the cache's on a non-fp8
+ * cache, or one the backend lacks), PAGEDATTN_ERROR_INVALID_ARGUMENT (scales),
+ * PAGEDATTN_ERROR_INVALID_HANDLE (cache destroyed), PAGEDATTN_ERROR_DEVICE. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cache, int32_t layer,
                                                        const pagedattn_tensor* key,
                                                        const pagedattn_tensor* value,
@@ -144,8 +156,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
  * is host memory. Every id must be in [0, num_blocks); a destination may appear once and may not
  * also be a source of another pair (src == dst is a no-op). All pairs are checked before anything
  * is copied. Runs on `stream`. Returns PAGEDATTN_ERROR_NULL_POINTER (cache, or pairs with
- * num_pairs > 0), PAGEDATTN_ERROR_OUT_OF_RANGE, PAGEDATTN_ERROR_INVALID_ARGUMENT (repeated
- * destination), PAGEDATTN_ERROR_INVALID_HANDLE, PAGEDATTN_ERROR_DEVICE. */
+ * num_pairs > 0), PAGEDATTN_ERROR_OUT_OF_RANGE (an id), PAGEDATTN_ERROR_INVALID_ARGUMENT
+ * (repeated destination, a destination that is also the source of another pair, num_pairs >
+ * INT32_MAX), PAGEDATTN_ERROR_INVALID_HANDLE (cache destroyed), PAGEDATTN_ERROR_DEVICE. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_copy_blocks(pagedattn_kv_cache* cache,
                                                              const int32_t* pairs,
                                                              size_t num_pairs, void* stream);
@@ -155,10 +168,11 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_copy_blocks(pagedattn_kv_cache
  * heads, head size, dtype; layouts and block counts may differ) and may live on different devices
  * (device <-> host for preemption and offload); the backend of `dst` or of `src`, whichever is a
  * GPU backend, does the copy, asynchronously on `stream` when the host side is pinned. Checks as
- * copy_blocks (destinations unique). Returns PAGEDATTN_ERROR_NULL_POINTER,
- * PAGEDATTN_ERROR_INVALID_ARGUMENT (geometry differs; repeated destination),
- * PAGEDATTN_ERROR_OUT_OF_RANGE, PAGEDATTN_ERROR_WRONG_DEVICE (two different GPUs),
- * PAGEDATTN_ERROR_INVALID_HANDLE, PAGEDATTN_ERROR_DEVICE. */
+ * copy_blocks (destinations unique). Returns PAGEDATTN_ERROR_NULL_POINTER (dst, src, or pairs
+ * with num_pairs > 0), PAGEDATTN_ERROR_INVALID_ARGUMENT (geometry or dtype differs; repeated
+ * destination; num_pairs > INT32_MAX; with dst == src, a destination that is also a source),
+ * PAGEDATTN_ERROR_OUT_OF_RANGE (an id), PAGEDATTN_ERROR_WRONG_DEVICE (two different GPUs),
+ * PAGEDATTN_ERROR_INVALID_HANDLE (a cache destroyed), PAGEDATTN_ERROR_DEVICE. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_swap_blocks(pagedattn_kv_cache* dst,
                                                              const pagedattn_kv_cache* src,
                                                              const int32_t* pairs,
@@ -168,9 +182,10 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_swap_blocks(pagedattn_kv_cache
  * layer: the K block then the V block, each block_size*num_kv_heads*head_size elements of the
  * cache's dtype in the cache's layout order (NHD: slot, head, dim; HND: head, slot, dim), packed.
  * buffer_bytes must be >= num_ids * bytes_per_block. Synchronous: waits for the copy (queued on
- * `stream` after earlier work). Returns PAGEDATTN_ERROR_NULL_POINTER,
- * PAGEDATTN_ERROR_OUT_OF_RANGE (an id), PAGEDATTN_ERROR_INVALID_ARGUMENT (buffer too small),
- * PAGEDATTN_ERROR_INVALID_HANDLE, PAGEDATTN_ERROR_DEVICE. */
+ * `stream` after earlier work). Returns PAGEDATTN_ERROR_NULL_POINTER (cache, or block_ids or
+ * buffer with num_ids > 0), PAGEDATTN_ERROR_OUT_OF_RANGE (an id), PAGEDATTN_ERROR_INVALID_ARGUMENT
+ * (buffer too small, or num_ids * bytes_per_block overflows), PAGEDATTN_ERROR_INVALID_HANDLE
+ * (cache destroyed), PAGEDATTN_ERROR_DEVICE. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_read_blocks(const pagedattn_kv_cache* cache,
                                                              const int32_t* block_ids,
                                                              size_t num_ids, void* buffer,

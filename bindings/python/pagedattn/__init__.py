@@ -27,6 +27,8 @@ from ._core import (
     BatchInfo,
     CacheDesc,
     Capabilities,
+    DLPackCode,
+    DLPackDtype,
     Dtype,
     Feature,
     KVCache,
@@ -35,7 +37,10 @@ from ._core import (
     Status,
     backends,
     bytes_per_block,
+    dtype_from_dlpack,
+    dtype_name,
     dtype_size,
+    dtype_to_dlpack,
     forward,
     last_error,
     merge_states,
@@ -50,8 +55,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionType", "Backend", "BackendInfo", "Batch", "BatchInfo", "BFloat16Array",
-    "CacheDesc", "Capabilities", "Dtype", "Feature", "KVCache", "Layout", "PagedAttnError",
-    "Status", "backends", "bytes_per_block", "dtype_size", "forward", "from_bfloat16",
-    "last_error", "library_path", "merge_states", "status_string", "to_bfloat16", "version",
-    "version_string",
+    "CacheDesc", "Capabilities", "DLPackCode", "DLPackDtype", "Dtype", "Feature", "KVCache",
+    "Layout", "PagedAttnError", "Status", "backends", "bytes_per_block", "dtype_from_dlpack",
+    "dtype_name", "dtype_size", "dtype_to_dlpack", "forward", "from_bfloat16", "last_error",
+    "library_path", "merge_states", "status_string", "to_bfloat16", "version", "version_string",
 ]

@@ -6,7 +6,7 @@ import ctypes
 import enum
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -51,13 +51,60 @@ class Status(enum.IntEnum):
 
 
 class Dtype(enum.IntEnum):
-    """``pagedattn_dtype``: element types of caches (tensors carry DLPack dtypes)."""
+    """``pagedattn_dtype``: element types of caches (tensors carry DLPack dtypes).
+
+    ``Dtype.BFLOAT16.library_name`` is the library's name (``"bfloat16"``), ``.itemsize`` its
+    size in bytes, and :meth:`to_dlpack` / :meth:`from_dlpack` map to and from the DLPack type
+    that tensors of this dtype carry (all answered by libpagedattn itself).
+    """
 
     FLOAT32 = 1
     FLOAT16 = 2
     BFLOAT16 = 3
     FP8_E4M3 = 4
     FP8_E5M2 = 5
+
+    @property
+    def library_name(self) -> str:
+        """The library's name for the dtype (``pagedattn_dtype_name``): ``"float32"``,
+        ``"float16"``, ``"bfloat16"``, ``"fp8_e4m3"`` or ``"fp8_e5m2"``."""
+        return dtype_name(self)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element (``pagedattn_dtype_size``)."""
+        return dtype_size(self)
+
+    def to_dlpack(self) -> "DLPackDtype":
+        """The DLPack type of tensors of this dtype (``pagedattn_dtype_to_dlpack``)."""
+        return dtype_to_dlpack(self)
+
+    @classmethod
+    def from_dlpack(cls, dtype: Union["DLPackDtype", Tuple[int, ...]]) -> "Dtype":
+        """The dtype of a DLPack type (``pagedattn_dtype_from_dlpack``); see
+        :func:`dtype_from_dlpack`."""
+        return dtype_from_dlpack(dtype)
+
+
+class DLPackCode(enum.IntEnum):
+    """DLPack type codes (``DLDataTypeCode``, ``PAGEDATTN_DLPACK_*``); the fp8 codes are
+    DLPack 1.1's."""
+
+    INT = 0
+    UINT = 1
+    FLOAT = 2
+    BFLOAT = 4
+    FLOAT8_E4M3FN = 10
+    FLOAT8_E5M2 = 12
+
+
+class DLPackDtype(NamedTuple):
+    """A DLPack ``DLDataType`` (``pagedattn_dlpack_dtype``): a type code (a :class:`DLPackCode`
+    when it is one the library names), the bits per lane and the lanes (1 for scalars)."""
+
+    code: int
+    bits: int
+    lanes: int = 1
 
 
 class Layout(enum.IntEnum):
@@ -95,8 +142,6 @@ class Feature(enum.IntFlag):
 
 KV_CACHE_HOST = 1  # PAGEDATTN_KV_CACHE_HOST
 
-_DTYPE_SIZE = {Dtype.FLOAT32: 4, Dtype.FLOAT16: 2, Dtype.BFLOAT16: 2, Dtype.FP8_E4M3: 1,
-               Dtype.FP8_E5M2: 1}
 
 
 class PagedAttnError(Exception):
@@ -152,13 +197,75 @@ def version_string() -> str:
     return _lib().pagedattn_version_string().decode()
 
 
-def dtype_size(dtype: Dtype) -> int:
-    """Bytes per element of a cache dtype."""
+def dtype_size(dtype: Union[Dtype, int]) -> int:
+    """Bytes per element of a cache dtype (``pagedattn_dtype_size``); 0 for a value that is not
+    a dtype."""
     return int(_lib().pagedattn_dtype_size(int(dtype)))
 
 
+def dtype_name(dtype: Union[Dtype, int]) -> str:
+    """The library's name for a dtype (``pagedattn_dtype_name``): ``"float32"``, ``"bfloat16"``,
+    ``"fp8_e4m3"``...; ``"invalid"`` for a value that is not a dtype (never raises)."""
+    return _lib().pagedattn_dtype_name(int(dtype)).decode()
+
+
+def dtype_to_dlpack(dtype: Union[Dtype, int]) -> DLPackDtype:
+    """The DLPack type of tensors of ``dtype`` (``pagedattn_dtype_to_dlpack``), e.g.
+    ``DLPackDtype(DLPackCode.BFLOAT, 16, 1)`` for ``Dtype.BFLOAT16``.
+
+    Raises:
+        PagedAttnError: ``INVALID_ARGUMENT`` for a value that is not a dtype.
+    """
+    out = _ffi.DLDataType()
+    _check(_lib().pagedattn_dtype_to_dlpack(ctypes.byref(out), int(dtype)))
+    return DLPackDtype(_dlpack_code(out.code), out.bits, out.lanes)
+
+
+def dtype_from_dlpack(dtype: Union[DLPackDtype, Tuple[int, ...]]) -> Dtype:
+    """The dtype of a DLPack type (``pagedattn_dtype_from_dlpack``): ``dtype`` is a
+    :class:`DLPackDtype` or a ``(code, bits[, lanes])`` tuple, e.g. ``(DLPackCode.FLOAT, 16)`` ->
+    ``Dtype.FLOAT16``.
+
+    Raises:
+        PagedAttnError: ``UNSUPPORTED`` (the message names code, bits and lanes) for a type the
+            library has no use for, such as int32 or a vector type.
+        ValueError: a tuple of the wrong length or with values outside the C fields' ranges.
+    """
+    if not 2 <= len(dtype) <= 3:
+        raise ValueError(f"DLPack dtype: expected (code, bits[, lanes]), got {dtype!r}")
+    code, bits, lanes = (tuple(int(x) for x in dtype) + (1,))[:3]
+    if not (0 <= code <= 0xFF and 0 <= bits <= 0xFF and 0 <= lanes <= 0xFFFF):
+        raise ValueError(f"DLPack dtype {dtype!r}: code and bits must fit uint8, lanes uint16")
+    out = ctypes.c_int(0)
+    _check(_lib().pagedattn_dtype_from_dlpack(ctypes.byref(out), _ffi.DLDataType(code, bits,
+                                                                                    lanes)))
+    return Dtype(out.value)
+
+
+def _dlpack_code(code: int) -> int:
+    try:
+        return DLPackCode(code)
+    except ValueError:
+        return code
+
+
 class _Handle:
-    """An owned C handle: ``close()`` (idempotent), context manager, and a finalizer safety net."""
+    """An owned C handle: ``close()`` (idempotent), context manager, and a finalizer safety net.
+
+    Lifetime rules shared by :class:`Backend`, :class:`KVCache` and :class:`Batch`:
+
+    - ``close()`` destroys the C object now; closing again does nothing (like ``file.close()``).
+      Leaving a ``with`` block closes it; an object never closed is destroyed by its finalizer
+      when it is garbage-collected (or at interpreter exit).
+    - After ``close()`` every method and property that needs the object (and every call that
+      is given it, such as :func:`forward`) raises :class:`PagedAttnError` with
+      ``Status.INVALID_HANDLE``; the binding checks this before reaching C, so nothing is read
+      from freed memory. ``closed`` and ``repr()`` keep working.
+    - Any order of closing is safe. The C library keeps a backend alive until the last cache and
+      batch created from it are destroyed, so closing a :class:`Backend` first leaves its caches
+      and batches fully usable (only calls that take the closed backend object itself raise);
+      a batch stays valid after its cache is closed (a forward needs a live cache, though).
+    """
 
     _kind = "handle"
 
@@ -178,12 +285,14 @@ class _Handle:
         return self._ptr is None
 
     def close(self) -> None:
-        """Destroys the C object now. Closing twice is harmless; any later use raises
-        :class:`PagedAttnError` with ``Status.INVALID_HANDLE``."""
+        """Destroys the C object now. Closing twice is harmless (the second call does nothing);
+        any later use raises :class:`PagedAttnError` with ``Status.INVALID_HANDLE``. Objects
+        created from this one stay usable (see the class docstring)."""
         self._ptr = None
         self._finalizer()  # runs the destroy at most once
 
     def __enter__(self):
+        """Returns self; raises ``INVALID_HANDLE`` if already closed."""
         self._handle()
         return self
 
@@ -253,6 +362,9 @@ class Backend(_Handle):
 
     Raises:
         PagedAttnError: e.g. ``UNKNOWN_BACKEND``, ``BACKEND_UNAVAILABLE`` (the message says why).
+
+    ``close()`` is idempotent; afterwards every method raises ``INVALID_HANDLE``, while the
+    caches and batches created from the backend keep working until they are closed themselves.
     """
 
     _kind = "Backend"
@@ -378,7 +490,12 @@ def _i64p(arr: Optional[np.ndarray]) -> Any:
 
 class KVCache(_Handle):
     """A paged KV cache. Create with :meth:`create` (library-owned memory) or :meth:`wrap`
-    (caller memory used in place). Keeps its :class:`Backend` (and wrapped arrays) alive."""
+    (caller memory used in place). Keeps its :class:`Backend` (and wrapped arrays) alive.
+
+    ``close()`` is idempotent and frees library-owned memory; afterwards every method raises
+    :class:`PagedAttnError` with ``INVALID_HANDLE``. It may be closed before or after its
+    backend and the batches planned against it.
+    """
 
     _kind = "KVCache"
 
@@ -398,11 +515,11 @@ class KVCache(_Handle):
             PagedAttnError: ``UNSUPPORTED`` (head/block size or dtype), ``INVALID_ARGUMENT``,
             ``OUT_OF_MEMORY``...
         """
+        bh = backend._handle()
         desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size, Dtype(dtype),
                          Layout(layout), KV_CACHE_HOST if host else 0)._struct()
         out = ctypes.c_void_p()
-        _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), backend._handle(),
-                                                ctypes.byref(desc)))
+        _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), bh, ctypes.byref(desc)))
         return cls(out.value, backend)
 
     @classmethod
@@ -417,6 +534,7 @@ class KVCache(_Handle):
         taken from the arrays (float32/float16/bfloat16); fp8 caches pass ``uint8`` arrays and
         ``dtype=Dtype.FP8_E4M3`` or ``FP8_E5M2``. The arrays are kept alive by the cache.
         """
+        backend._handle()  # a closed backend is INVALID_HANDLE before anything else
         if len(k_layers) == 0 or len(k_layers) != len(v_layers):
             raise ValueError("wrap: need as many V layers as K layers, at least one")
         layout = Layout(layout)
@@ -433,14 +551,14 @@ class KVCache(_Handle):
                (a.device_type, a.device_id) != (first.device_type, first.device_id):
                 raise ValueError("wrap: every layer needs the same shape, strides, dtype, device")
         if dtype is None:
-            dtype = {(2, 32): Dtype.FLOAT32, (2, 16): Dtype.FLOAT16,
-                     (4, 16): Dtype.BFLOAT16}.get((first.code, first.bits))
-            if dtype is None:
+            try:
+                dtype = dtype_from_dlpack((first.code, first.bits))
+            except PagedAttnError:
                 raise TypeError(f"wrap: cannot infer the cache dtype from DLPack code "
-                                f"{first.code} bits {first.bits}; pass dtype=")
+                                f"{first.code} bits {first.bits}; pass dtype=") from None
         dtype = Dtype(dtype)
-        if first.bits != 8 * _DTYPE_SIZE[dtype]:
-            raise TypeError(f"wrap: {dtype.name} needs {8 * _DTYPE_SIZE[dtype]}-bit elements, "
+        if first.bits != 8 * dtype.itemsize:
+            raise TypeError(f"wrap: {dtype.name} needs {8 * dtype.itemsize}-bit elements, "
                             f"got {first.bits}-bit")
         if strides0[3] != 1:
             raise ValueError("wrap: the innermost (head_size) stride must be 1")
@@ -593,7 +711,11 @@ class Batch(_Handle):
 
     Raises:
         PagedAttnError: ``OUT_OF_RANGE`` (a block id outside the cache, a short table row),
-        ``INVALID_ARGUMENT`` (negative lengths)...
+        ``INVALID_ARGUMENT`` (negative lengths), ``INVALID_HANDLE`` (a closed backend or
+        cache)...
+
+    ``close()`` is idempotent; afterwards every method raises ``INVALID_HANDLE``. A batch may be
+    closed before or after its backend and caches.
     """
 
     _kind = "Batch"
@@ -604,6 +726,8 @@ class Batch(_Handle):
                  cross_block_tables: Any = None, max_num_seqs: int = 0, max_num_tokens: int = 0,
                  max_blocks_per_seq: int = 0, max_num_encoder_tokens: int = 0,
                  max_seq_len: int = 0) -> None:
+        bh = backend._handle()
+        cache_h, cross_h = _handle_or_null(cache), _handle_or_null(cross_cache)
         desc, keep = self._desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
                                 cross_block_tables)
         desc.max_num_seqs, desc.max_num_tokens = max_num_seqs, max_num_tokens
@@ -611,8 +735,7 @@ class Batch(_Handle):
             max_num_encoder_tokens
         desc.max_seq_len = max_seq_len
         out = ctypes.c_void_p()
-        _check(_lib().pagedattn_batch_create(ctypes.byref(out), backend._handle(),
-                                             _handle_or_null(cache), _handle_or_null(cross_cache),
+        _check(_lib().pagedattn_batch_create(ctypes.byref(out), bh, cache_h, cross_h,
                                              ctypes.byref(desc)))
         del keep
         super().__init__(out.value, _lib().pagedattn_batch_destroy)
@@ -814,7 +937,8 @@ def merge_states(backend: Backend, o1: Any, lse1: Any, o2: Any, lse2: Any, *, ou
 
 __all__ = [
     "AttentionType", "Backend", "BackendInfo", "Batch", "BatchInfo", "BFloat16Array",
-    "CacheDesc", "Capabilities", "Dtype", "Feature", "KVCache", "Layout", "PagedAttnError",
-    "Status", "TensorArg", "backends", "bytes_per_block", "dtype_size", "forward", "last_error",
+    "CacheDesc", "Capabilities", "DLPackCode", "DLPackDtype", "Dtype", "Feature", "KVCache",
+    "Layout", "PagedAttnError", "Status", "TensorArg", "backends", "bytes_per_block",
+    "dtype_from_dlpack", "dtype_name", "dtype_size", "dtype_to_dlpack", "forward", "last_error",
     "merge_states", "status_string", "version", "version_string",
 ]

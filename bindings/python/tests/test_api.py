@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
 from typing import Any, Dict, List
 
@@ -422,3 +423,177 @@ def test_slot_mapping_inputs_of_several_kinds(be: pa.Backend) -> None:
     cache.write(0, 3 * row, 3 * row, (0, 5))
     k = cache.read_blocks([0, 1]).view(np.float32).reshape(2, 2, 4, 8)[:, 0, :, 0]
     assert k.tolist() == [[3, 1, 2, 0], [0, 3, 1, 2]]
+
+
+def test_dtype_names_sizes_and_dlpack_types() -> None:
+    want = {
+        pa.Dtype.FLOAT32: ("float32", 4, (pa.DLPackCode.FLOAT, 32, 1)),
+        pa.Dtype.FLOAT16: ("float16", 2, (pa.DLPackCode.FLOAT, 16, 1)),
+        pa.Dtype.BFLOAT16: ("bfloat16", 2, (pa.DLPackCode.BFLOAT, 16, 1)),
+        pa.Dtype.FP8_E4M3: ("fp8_e4m3", 1, (pa.DLPackCode.FLOAT8_E4M3FN, 8, 1)),
+        pa.Dtype.FP8_E5M2: ("fp8_e5m2", 1, (pa.DLPackCode.FLOAT8_E5M2, 8, 1)),
+    }
+    assert set(want) == set(pa.Dtype)
+    for dt, (name, size, dl) in want.items():
+        assert dt.library_name == pa.dtype_name(dt) == name
+        assert dt.itemsize == pa.dtype_size(dt) == size
+        got = dt.to_dlpack()
+        assert got == pa.dtype_to_dlpack(dt) == pa.DLPackDtype(*dl)
+        assert isinstance(got.code, pa.DLPackCode)
+        assert pa.Dtype.from_dlpack(got) is dt
+        assert pa.dtype_from_dlpack(tuple(got)) is dt
+        assert pa.dtype_from_dlpack(tuple(got)[:2]) is dt  # lanes default to 1
+    # numpy arrays are described with the same codes the library maps.
+    assert pa.dtype_from_dlpack((pa.DLPackCode.FLOAT, np.dtype(np.float16).itemsize * 8)) \
+        is pa.Dtype.FLOAT16
+    # Values that are not dtypes: the C functions' own answers.
+    assert pa.dtype_name(0) == pa.dtype_name(99) == "invalid"
+    assert pa.dtype_size(0) == 0
+    with pytest.raises(pa.PagedAttnError) as e:
+        pa.dtype_to_dlpack(0)
+    assert e.value.code == pa.Status.INVALID_ARGUMENT and "dtype = 0" in e.value.message
+    for bad in [(pa.DLPackCode.INT, 32), (pa.DLPackCode.FLOAT, 64), (pa.DLPackCode.FLOAT, 32, 4)]:
+        with pytest.raises(pa.PagedAttnError) as e:
+            pa.dtype_from_dlpack(bad)
+        assert e.value.code == pa.Status.UNSUPPORTED
+        assert f"code {int(bad[0])}, bits {bad[1]}" in e.value.message
+    with pytest.raises(ValueError):
+        pa.dtype_from_dlpack((2,))
+    with pytest.raises(ValueError):
+        pa.dtype_from_dlpack((2, 300))
+
+
+def _closed_trio() -> Dict[str, Any]:
+    """A backend, a cache, a batch and a second cache, all closed (the backend first)."""
+    be = pa.Backend("cpu", num_threads=1)
+    cache = pa.KVCache.create(be, num_layers=1, num_blocks=4, block_size=16, num_kv_heads=2,
+                              head_size=64, dtype=pa.Dtype.FLOAT32)
+    other = pa.KVCache.create(be, num_layers=1, num_blocks=4, block_size=16, num_kv_heads=2,
+                              head_size=64, dtype=pa.Dtype.FLOAT32)
+    batch = pa.Batch(be, cache, [1], [3], [[2]])
+    for h in (be, batch, cache, other):
+        h.close()
+        h.close()  # idempotent
+        assert h.closed and "closed" in repr(h)
+    return {"be": be, "cache": cache, "other": other, "batch": batch}
+
+
+def test_every_method_after_close_raises_invalid_handle(be: pa.Backend) -> None:
+    h = _closed_trio()
+    cbe, cache, other, batch = h["be"], h["cache"], h["other"], h["batch"]
+    live = pa.KVCache.create(be, num_layers=1, num_blocks=4, block_size=16, num_kv_heads=2,
+                             head_size=64, dtype=pa.Dtype.FLOAT32)
+    live_batch = pa.Batch(be, live, [1], [3], [[2]])
+    q = np.zeros((1, 8, 64), np.float32)
+    kv = np.zeros((1, 2, 64), np.float32)
+    o = np.zeros((1, 8, 64), np.float32)
+    lse = np.zeros((1, 8), np.float32)
+    calls: Dict[str, Dict[str, Any]] = {
+        "Backend": {
+            "__enter__": lambda: cbe.__enter__(),
+            "capabilities": lambda: cbe.capabilities,
+            "name": lambda: cbe.name,
+            "synchronize": lambda: cbe.synchronize(),
+            "forward": lambda: cbe.forward(live_batch, live, 0, q, kv, kv),
+            "merge_states": lambda: cbe.merge_states(o, lse, o, lse),
+        },
+        "KVCache": {
+            "__enter__": lambda: cache.__enter__(),
+            "create": lambda: pa.KVCache.create(cbe, num_layers=1, num_blocks=4, block_size=16,
+                                                num_kv_heads=2, head_size=64),
+            "wrap": lambda: pa.KVCache.wrap(cbe, [np.zeros((4, 16, 2, 64), np.float32)],
+                                            [np.zeros((4, 16, 2, 64), np.float32)]),
+            "desc": lambda: cache.desc,
+            "bytes_per_block": lambda: cache.bytes_per_block,
+            "layer": lambda: cache.layer(0),
+            "write": lambda: cache.write(0, kv, kv, [0]),
+            "copy_blocks": lambda: cache.copy_blocks([(0, 1)]),
+            "swap_blocks": lambda: cache.swap_blocks(live, [(0, 1)]),
+            "read_blocks": lambda: cache.read_blocks([0]),
+            "load_blocks": lambda: cache.load_blocks([0], np.zeros(live.bytes_per_block,
+                                                                   np.uint8)),
+        },
+        "Batch": {
+            "__enter__": lambda: batch.__enter__(),
+            "update": lambda: batch.update([1], [4], [[2]]),
+            "info": lambda: batch.info,
+            "num_tokens": lambda: batch.num_tokens,
+            "slot_mapping": lambda: batch.slot_mapping,
+            "cross_slot_mapping": lambda: batch.cross_slot_mapping,
+            "query_start": lambda: batch.query_start,
+        },
+    }
+    # Every public method and property is covered (a new one must be added here).
+    for cls in (pa.Backend, pa.KVCache, pa.Batch):
+        public = {n for n in dir(cls) if not n.startswith("_")} - {"close", "closed"}
+        assert public <= set(calls[cls.__name__]), public - set(calls[cls.__name__])
+    # Closed handles given to calls on live objects.
+    calls["other objects"] = {
+        "forward(closed batch)": lambda: pa.forward(be, batch, live, 0, q, kv, kv),
+        "forward(closed cache)": lambda: pa.forward(be, live_batch, cache, 0, q, kv, kv),
+        "swap_blocks(closed src)": lambda: live.swap_blocks(other, [(0, 1)]),
+        "Batch(closed backend)": lambda: pa.Batch(cbe, live, [1], [0], [[0]]),
+        "Batch(closed cache)": lambda: pa.Batch(be, cache, [1], [0], [[0]]),
+        "Batch(closed cross cache)": lambda: pa.Batch(be, live, [1], [0], [[0]],
+                                                      cross_cache=cache, encoder_lens=[1],
+                                                      cross_block_tables=[[0]]),
+    }
+    before = live.read_blocks(range(4))
+    for group, fns in calls.items():
+        for what, fn in fns.items():
+            with pytest.raises(pa.PagedAttnError) as e:
+                fn()
+            assert e.value.code == pa.Status.INVALID_HANDLE, f"{group}.{what}: {e.value}"
+            assert "closed" in e.value.message, f"{group}.{what}: {e.value.message}"
+    assert np.array_equal(live.read_blocks(range(4)), before)  # nothing written
+    live_batch.close()
+    live.close()
+
+
+def test_closing_in_any_order_is_safe() -> None:
+    rng = np.random.default_rng(21)
+    q = rng.uniform(-1, 1, (1, 8, 64)).astype(np.float32)
+    kv = rng.uniform(-1, 1, (1, 2, 64)).astype(np.float32)
+
+    def trio():
+        b = pa.Backend("cpu", num_threads=1)
+        c = pa.KVCache.create(b, num_layers=1, num_blocks=4, block_size=16, num_kv_heads=2,
+                              head_size=64, dtype=pa.Dtype.FLOAT32)
+        return b, c, pa.Batch(b, c, [1], [0], [[1]], max_num_seqs=2, max_num_tokens=2,
+                              max_seq_len=16)
+
+    # Backend first: the C backend lives on while the cache and batch exist, and both keep
+    # working through every method that does not take the backend object.
+    b, c, bt = trio()
+    out = pa.forward(b, bt, c, 0, q, kv, kv)
+    b.close()
+    c.write(0, kv, kv, [17])
+    c.copy_blocks([(1, 2)])
+    assert np.array_equal(c.read_blocks([1]), c.read_blocks([2]))
+    c.load_blocks([3], c.read_blocks([1]))
+    assert c.desc.num_blocks == 4 and c.layer(0)[0] != 0
+    bt.update([1, 1], [1, 0], [[1], [3]])
+    assert bt.info.num_seqs == 2 and bt.slot_mapping.tolist() == [17, 48]
+    with pytest.raises(pa.PagedAttnError) as e:
+        pa.forward(b, bt, c, 0, q, kv, kv)
+    assert e.value.code == pa.Status.INVALID_HANDLE
+    bt.close()
+    c.close()
+    assert np.isfinite(out).all()
+
+    # Cache first, then backend, then batch: the batch outlives both and still answers.
+    b, c, bt = trio()
+    c.close()
+    b.close()
+    assert bt.query_start.tolist() == [0, 1]
+    bt.close()
+
+    # Every permutation of close(), then the finalizers of objects never closed, in whatever
+    # order the garbage collector picks.
+    for order in itertools.permutations(range(3)):
+        objs = trio()
+        for i in order:
+            objs[i].close()
+    b, c, bt = trio()
+    del b, c, bt
+    gc.collect()

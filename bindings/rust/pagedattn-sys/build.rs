@@ -3,6 +3,14 @@
 //! Search order: PAGEDATTN_LIB_DIR (or the directory of PAGEDATTN_LIBRARY) with
 //! PAGEDATTN_INCLUDE_DIRS (colon-separated; derived from a Meson build tree when unset), then
 //! pkg-config's `pagedattn` module.
+//!
+//! Relative paths in those variables: cargo runs this script in the package's own directory and
+//! does not say where it was invoked, so a relative path is tried against, in order, the shell's
+//! working directory (`$PWD`, where `cargo` was typed), the workspace root (the nearest
+//! directory above this package whose Cargo.toml has `[workspace]`, i.e. `bindings/rust`) and
+//! this package's directory; the first place where the library (or header) exists wins. So
+//! `cd bindings/rust && PAGEDATTN_LIB_DIR=../../build/lib cargo run --example decode` finds the
+//! Meson build tree at the top of the repository. Absolute paths are used as they are.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -13,8 +21,67 @@ struct Found {
     include_dirs: Vec<PathBuf>,
 }
 
+/// The nearest directory at or above `start` whose Cargo.toml declares `[workspace]`.
+fn workspace_root(start: &Path) -> Option<PathBuf> {
+    start.ancestors().find_map(|dir| {
+        let text = std::fs::read_to_string(dir.join("Cargo.toml")).ok()?;
+        text.lines().any(|l| l.trim() == "[workspace]").then(|| dir.to_path_buf())
+    })
+}
+
+/// Where a relative path from the environment may be meant from, most likely first.
+fn bases() -> Vec<PathBuf> {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let mut out = Vec::new();
+    if let Some(pwd) = env::var_os("PWD").map(PathBuf::from).filter(|p| p.is_absolute()) {
+        out.push(pwd);
+    }
+    if let Some(root) = workspace_root(&manifest) {
+        out.push(root);
+    }
+    out.push(manifest);
+    out.dedup();
+    out
+}
+
+/// Resolves the path `value` of environment variable `var`: absolute as is; relative against
+/// [`bases`], taking the first candidate for which `found` holds. Panics, listing the candidates,
+/// when none does: a build against the wrong or a missing library helps nobody.
+fn resolve(var: &str, value: &str, what: &str, found: impl Fn(&Path) -> bool) -> PathBuf {
+    let path = PathBuf::from(value);
+    if path.is_absolute() {
+        return path;
+    }
+    // The answer depends on where cargo was run from.
+    println!("cargo:rerun-if-env-changed=PWD");
+    let candidates: Vec<PathBuf> = bases().iter().map(|b| b.join(&path)).collect();
+    match candidates.iter().find(|c| found(c)) {
+        Some(hit) => std::fs::canonicalize(hit).unwrap_or_else(|_| hit.clone()),
+        None => panic!(
+            "{var}={value} is relative and no {what} was found there; tried: {}. \
+             Use an absolute path (e.g. {var}=$PWD/{value}).",
+            candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+fn has_library(dir: &Path) -> bool {
+    ["libpagedattn.so", "libpagedattn.so.0", "libpagedattn.dylib", "pagedattn.lib"]
+        .iter()
+        .any(|name| dir.join(name).exists())
+}
+
+fn has_header(dir: &Path) -> bool {
+    dir.join("pagedattn").join("pagedattn.h").exists()
+        || dir.join("pagedattn").join("version.h").exists()
+}
+
 fn split_paths(value: &str) -> Vec<PathBuf> {
-    value.split(':').filter(|s| !s.is_empty()).map(PathBuf::from).collect()
+    value
+        .split(':')
+        .filter(|s| !s.is_empty())
+        .map(|s| resolve("PAGEDATTN_INCLUDE_DIRS", s, "pagedattn/*.h", has_header))
+        .collect()
 }
 
 /// A Meson build tree keeps libpagedattn.so in <build>/lib and the generated version.h in
@@ -44,9 +111,13 @@ fn derived_include_dirs(lib_dir: &Path) -> Vec<PathBuf> {
 
 fn from_env() -> Option<Found> {
     let lib_dir = match env::var("PAGEDATTN_LIB_DIR") {
-        Ok(dir) if !dir.is_empty() => PathBuf::from(dir),
+        Ok(dir) if !dir.is_empty() => {
+            resolve("PAGEDATTN_LIB_DIR", &dir, "libpagedattn", has_library)
+        }
         _ => match env::var("PAGEDATTN_LIBRARY") {
-            Ok(file) if !file.is_empty() => Path::new(&file).parent()?.to_path_buf(),
+            Ok(file) if !file.is_empty() => {
+                resolve("PAGEDATTN_LIBRARY", &file, "file", Path::exists).parent()?.to_path_buf()
+            }
             _ => return None,
         },
     };

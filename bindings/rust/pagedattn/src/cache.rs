@@ -328,38 +328,54 @@ impl<'a> KvCache<'a> {
 
     /// Exports blocks into `buffer`: for each id, for each layer, the K block then the V block,
     /// packed in the cache's layout. `buffer` must hold `ids.len() * bytes_per_block` bytes.
+    /// Synchronous: returns once the data is in `buffer`.
     pub fn read_blocks<T: Element>(&self, ids: &[i32], buffer: &mut [T]) -> Result<()> {
+        self.read_blocks_on(Stream::DEFAULT, ids, buffer)
+    }
+
+    /// As [`KvCache::read_blocks`], with the copies queued on `stream` after its earlier work
+    /// (GPU backends); still returns only once the data is in `buffer`.
+    pub fn read_blocks_on<T: Element>(&self, stream: Stream, ids: &[i32], buffer: &mut [T]) -> Result<()> {
         let bytes = std::mem::size_of_val(buffer);
-        // SAFETY: the library writes at most `bytes` bytes into the buffer.
+        // SAFETY: the library writes at most `bytes` bytes into the buffer and has finished with
+        // it when the call returns (read_blocks is synchronous).
         check(unsafe {
             sys::pagedattn_kv_cache_read_blocks(self.raw.as_ptr(), ids.as_ptr(), ids.len(),
-                buffer.as_mut_ptr() as *mut c_void, bytes, ptr::null_mut())
+                buffer.as_mut_ptr() as *mut c_void, bytes, stream.as_ptr())
         })
     }
 
     /// Exports blocks as bytes (see [`KvCache::read_blocks`]).
     pub fn read_blocks_to_vec(&self, ids: &[i32]) -> Result<Vec<u8>> {
+        self.read_blocks_to_vec_on(Stream::DEFAULT, ids)
+    }
+
+    /// As [`KvCache::read_blocks_to_vec`], queued on `stream` (see [`KvCache::read_blocks_on`]).
+    pub fn read_blocks_to_vec_on(&self, stream: Stream, ids: &[i32]) -> Result<Vec<u8>> {
         let per_block = self.desc()?.bytes_per_block()?;
         let len = usize::try_from(per_block)
             .ok()
             .and_then(|b| b.checked_mul(ids.len()))
             .ok_or_else(|| Error::binding(Status::Overflow, "export size overflows"))?;
         let mut buf = vec![0u8; len];
-        // SAFETY: as read_blocks, with a byte buffer.
-        check(unsafe {
-            sys::pagedattn_kv_cache_read_blocks(self.raw.as_ptr(), ids.as_ptr(), ids.len(),
-                buf.as_mut_ptr() as *mut c_void, len, ptr::null_mut())
-        })?;
+        self.read_blocks_on(stream, ids, &mut buf)?;
         Ok(buf)
     }
 
     /// Loads blocks from a buffer in [`KvCache::read_blocks`]' format (ids unique).
+    /// Synchronous: `buffer` is no longer read when the call returns.
     pub fn load_blocks<T: Element>(&mut self, ids: &[i32], buffer: &[T]) -> Result<()> {
+        self.load_blocks_on(Stream::DEFAULT, ids, buffer)
+    }
+
+    /// As [`KvCache::load_blocks`], with the copies queued on `stream` after its earlier work
+    /// (GPU backends); still returns only once they are done.
+    pub fn load_blocks_on<T: Element>(&mut self, stream: Stream, ids: &[i32], buffer: &[T]) -> Result<()> {
         let bytes = std::mem::size_of_val(buffer);
-        // SAFETY: the library reads at most `bytes` bytes.
+        // SAFETY: the library reads at most `bytes` bytes, and not after returning.
         check(unsafe {
             sys::pagedattn_kv_cache_load_blocks(self.raw.as_ptr(), ids.as_ptr(), ids.len(),
-                buffer.as_ptr() as *const c_void, bytes, ptr::null_mut())
+                buffer.as_ptr() as *const c_void, bytes, stream.as_ptr())
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The safe API over the CPU backend: handles, errors, caches, batches, forward and merge.
 
 use pagedattn::{backends, AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, DeviceType,
-                Features, KvCache, Layout, Status, Tensor, TensorMut};
+                Features, KvCache, Layout, Status, Stream, Tensor, TensorMut};
 
 fn cpu() -> Backend {
     Backend::new("cpu").expect("cpu backend")
@@ -130,6 +130,36 @@ fn write_read_copy_load_blocks() {
     let mut back = KvCache::new(&be, &d).unwrap();
     back.swap_blocks_from(&hnd, &[[1, 6]]).unwrap();
     assert_eq!(back.read_blocks_to_vec(&[6]).unwrap(), exported);
+}
+
+#[test]
+fn every_stream_taking_call_has_an_on_stream_form() {
+    // The CPU backend ignores the stream; what matters is that each call passes it through and
+    // behaves as its default-stream form.
+    let be = cpu();
+    let d = desc(Layout::Hnd);
+    let mut cache = KvCache::new(&be, &d).unwrap();
+    let (k, v) = (values(2 * 16, 3), values(2 * 16, 4));
+    cache.write_on(Stream::DEFAULT, 0, &Tensor::new(&k, DType::F32, &[2, 2, 8]).unwrap(),
+                   &Tensor::new(&v, DType::F32, &[2, 2, 8]).unwrap(), &Tensor::from_i64(&[9, 10]),
+                   1.0, 1.0).unwrap();
+    let exported = cache.read_blocks_to_vec_on(Stream::DEFAULT, &[2]).unwrap();
+    assert_eq!(exported, cache.read_blocks_to_vec(&[2]).unwrap());
+    let mut words = vec![0f32; exported.len() / 4];
+    cache.read_blocks_on(Stream::DEFAULT, &[2], &mut words).unwrap();
+    assert_eq!(words.iter().flat_map(|w| w.to_ne_bytes()).collect::<Vec<u8>>(), exported);
+    cache.load_blocks_on(Stream::DEFAULT, &[5], &words).unwrap();
+    assert_eq!(cache.read_blocks_to_vec(&[5]).unwrap(), exported);
+    let err = cache.load_blocks_on(Stream::DEFAULT, &[5, 5], &[exported.clone(), exported].concat())
+        .unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert_eq!(cache.read_blocks_on(Stream::DEFAULT, &[8], &mut words).unwrap_err().status,
+               Status::OutOfRange);
+    cache.copy_blocks_on(Stream::DEFAULT, &[[5, 6]]).unwrap();
+    let mut other = KvCache::new(&be, &d).unwrap();
+    other.swap_blocks_from_on(Stream::DEFAULT, &cache, &[[6, 0]]).unwrap();
+    assert_eq!(other.read_blocks_to_vec(&[0]).unwrap(), cache.read_blocks_to_vec(&[2]).unwrap());
+    be.synchronize(Stream::DEFAULT).unwrap();
 }
 
 #[test]
