@@ -995,7 +995,15 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
       const float slope = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
       float mt = kNegInf;
       if (plain && lo <= kt0 && kt0 + nk - 1 <= hi) {  // whole tile visible, nothing to add
-        for (int k = 0; k < nk; ++k) mt = std::max(mt, s[k]);
+        int k = 0;
+        if (nk == kKeyTile) {
+          const DF d;
+          const int N = static_cast<int>(hn::Lanes(d));
+          auto vmax = hn::Load(d, s);
+          for (k = N; k < kKeyTile; k += N) vmax = hn::Max(vmax, hn::Load(d, s + k));
+          mt = hn::GetLane(hn::MaxOfLanes(d, vmax));
+        }
+        for (; k < nk; ++k) mt = std::max(mt, s[k]);
       } else {
         for (int k = 0; k < nk; ++k) {
           const int64_t kp = kt0 + k;
@@ -1011,8 +1019,8 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
         }
       }
       for (int k = nk; k < kKeyTile; ++k) s[k] = kNegInf;
-      if (mt == kNegInf) {  // nothing visible in this tile for this row
-        for (int k = 0; k < nk; ++k) s[k] = 0.0f;
+      if (mt == kNegInf) {  // nothing visible in this tile for this row: weights 0
+        for (int k = 0; k < (bf16_weights ? kKeyTile : nk); ++k) s[k] = 0.0f;
         continue;
       }
       any = true;
@@ -1037,7 +1045,8 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
 
 // The output pass of the dot-product paths: each row's normalised output (and lse), or its
 // partial state for a later merge. Accumulator rows have stride Dp, natural dim order.
-HWY_INLINE void write_rows(const AttnItem& it, const Scratch* sc, int Dp) {
+HWY_INLINE void write_rows(const AttnItem& it, const float* acc, const float* m, const float* l_,
+                           int Dp) {
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const int D = it.head_size;
   const int nh = it.h1 - it.h0;
@@ -1046,14 +1055,14 @@ HWY_INLINE void write_rows(const AttnItem& it, const Scratch* sc, int Dp) {
   for (int t = 0; t < ntok; ++t) {
     for (int g = 0; g < nh; ++g) {
       const int r = t * nh + g;
-      const float* a = sc->acc + static_cast<size_t>(r) * Dp;
+      const float* a = acc + static_cast<size_t>(r) * Dp;
       if (it.out == nullptr) {
         memcpy(it.part_acc + static_cast<size_t>(r) * D, a, sizeof(float) * static_cast<size_t>(D));
-        it.part_m[r] = sc->m[r];
-        it.part_l[r] = sc->l[r];
+        it.part_m[r] = m[r];
+        it.part_l[r] = l_[r];
         continue;
       }
-      const float l = sc->l[r];
+      const float l = l_[r];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       char* op = static_cast<char*>(it.out) +
                  ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
@@ -1061,7 +1070,7 @@ HWY_INLINE void write_rows(const AttnItem& it, const Scratch* sc, int Dp) {
       for (int i = 0; i < D; ++i) store_elem(op, i, it.dtype, a[i] * inv, 1.0f);
       if (it.lse != nullptr) {
         it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
-            l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
+            l > 0.0f ? m[r] + logf(l) : kNegInf;
       }
     }
   }
@@ -1161,7 +1170,7 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
     for (int r = 0; r < rows; ++r) permute_pairs(sc->acc + static_cast<size_t>(r) * Dp, D, false);
   }
 
-  write_rows(it, sc, Dp);
+  write_rows(it, sc->acc, sc->m, sc->l, Dp);
 }
 
 // ---- bf16 dot-product decode (AVX3_DL CPUs with AVX512_BF16: Zen 4, Sapphire Rapids) ----
@@ -1506,7 +1515,291 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     for (int x = 0; x < D; ++x) tmp[(x & ~63) + dp_dim<DT>(x & 63)] = a[x] * vf;
     memcpy(a, tmp, sizeof(float) * static_cast<size_t>(D));
   }
-  write_rows(it, sc, D);
+  write_rows(it, sc->acc, sc->m, sc->l, D);
+}
+
+// ---- bf16 dot products for many rows (prefill tiles, wide GQA groups): outer products ----
+// The row-vectorised path with vdpbf16ps: vectors run over 16 rows and pair two dims (scores) or
+// two keys (P.V), so each instruction does 32 of the multiply-adds an FMA does 16 of. K is read
+// straight from a bf16 cache (fp8: converted once per tile), V rows are interleaved in key pairs
+// per tile, q and the weights are rounded to bf16 as in the decode path.
+
+// Dot-product wide path eligibility: the decode path's dtype rules, any row count up to kMaxRows.
+HWY_INLINE bool dp_wide_eligible(const AttnItem& it) {
+  if (it.head_size > kMaxHeadSize) return false;
+  if (it.kv.dtype == PAGEDATTN_DTYPE_BFLOAT16)
+    return it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && it.head_size % 32 == 0;
+  return (it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2) &&
+         it.head_size % 64 == 0;
+}
+
+// s[k][rv0*16 ...] = sum over dims of qT2 . k for 4 keys from k0 and RB row vectors from rv0.
+// qT2[x2][r]: bf16 pair (q[r][2 x2], q[r][2 x2 + 1]); krow[i]: bf16 K rows.
+template <int RB>
+PA_DP_ATTR HWY_INLINE void dpw_scores(const uint32_t* HWY_RESTRICT qT2, const uint16_t* const* krow,
+                                      int D, int Rp, int rv0, float* HWY_RESTRICT s) {
+  __m512 a[4][RB];
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < RB; ++j) a[i][j] = _mm512_setzero_ps();
+  for (int x2 = 0; x2 < D / 2; ++x2) {
+    __m512i qv[RB];
+    HWY_UNROLL(4)
+    for (int j = 0; j < RB; ++j) qv[j] = _mm512_load_si512(qT2 + static_cast<size_t>(x2) * Rp + (rv0 + j) * 16);
+    HWY_UNROLL(4)
+    for (int i = 0; i < 4; ++i) {
+      uint32_t kpair;
+      memcpy(&kpair, krow[i] + 2 * x2, 4);
+      const __m512bh kb = (__m512bh)_mm512_set1_epi32(static_cast<int>(kpair));
+      HWY_UNROLL(4)
+      for (int j = 0; j < RB; ++j) a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)qv[j], kb);
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < RB; ++j) _mm512_store_ps(s + static_cast<size_t>(i) * Rp + (rv0 + j) * 16, a[i][j]);
+}
+
+// accT[x][rows] += sum over key pairs of pT2[kk][rows] . vt2[kk][x] for 4 accumulator positions
+// from x0 and RB row vectors from rv0; npair key pairs.
+template <int RB>
+PA_DP_ATTR HWY_INLINE void dpw_accumulate(float* HWY_RESTRICT accT, const uint32_t* HWY_RESTRICT pT2,
+                                          const uint32_t* HWY_RESTRICT vt2, int D, int Rp,
+                                          int rv0, int npair) {
+  for (int x0 = 0; x0 < D; x0 += 4) {
+    __m512 a[4][RB];
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < RB; ++j) a[i][j] = _mm512_load_ps(accT + static_cast<size_t>(x0 + i) * Rp + (rv0 + j) * 16);
+    for (int kk = 0; kk < npair; ++kk) {
+      __m512i pv[RB];
+      HWY_UNROLL(4)
+      for (int j = 0; j < RB; ++j) pv[j] = _mm512_load_si512(pT2 + static_cast<size_t>(kk) * Rp + (rv0 + j) * 16);
+      const uint32_t* vk = vt2 + static_cast<size_t>(kk) * D + x0;
+      HWY_UNROLL(4)
+      for (int i = 0; i < 4; ++i) {
+        const __m512bh vb = (__m512bh)_mm512_set1_epi32(static_cast<int>(vk[i]));
+        HWY_UNROLL(4)
+        for (int j = 0; j < RB; ++j) a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)pv[j], vb);
+      }
+    }
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < RB; ++j) _mm512_store_ps(accT + static_cast<size_t>(x0 + i) * Rp + (rv0 + j) * 16, a[i][j]);
+  }
+}
+
+// Interleaves the V rows of keys (2kk, 2kk + 1) into vt2[kk][x] dword pairs, x in accumulator
+// order (dp_dim), for kk < npair; a missing odd key reads the zero row.
+template <int DT>
+PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, uint32_t* vt2,
+                                       const Fp8Lut& L) {
+  for (int kk = 0; kk < npair; ++kk) {
+    uint32_t* dst = vt2 + static_cast<size_t>(kk) * D;
+    if constexpr (!dp_fp8(DT)) {
+      const uint16_t* v0 = static_cast<const uint16_t*>(vp[2 * kk]);
+      const uint16_t* v1 = static_cast<const uint16_t*>(vp[2 * kk + 1]);
+      for (int x = 0; x < D; x += 32) {
+        const __m512i x0 = _mm512_loadu_si512(v0 + x), x1 = _mm512_loadu_si512(v1 + x);
+        _mm512_store_si512(dst + x, _mm512_unpacklo_epi16(x0, x1));
+        _mm512_store_si512(dst + x + 16, _mm512_unpackhi_epi16(x0, x1));
+      }
+    } else {
+      const uint8_t* v0 = static_cast<const uint8_t*>(vp[2 * kk]);
+      const uint8_t* v1 = static_cast<const uint8_t*>(vp[2 * kk + 1]);
+      for (int x = 0; x < D; x += 64) {
+        const __m512i x0 = _mm512_loadu_si512(v0 + x), x1 = _mm512_loadu_si512(v1 + x);
+        __m512i w[4];
+        fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w[0], w[1]);
+        fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w[2], w[3]);
+        for (int v = 0; v < 4; ++v) _mm512_store_si512(dst + x + 16 * v, w[v]);
+      }
+    }
+  }
+}
+
+template <int DT>
+PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int D = it.head_size;
+  const int nh = it.h1 - it.h0;
+  const int ntok = it.tok1 - it.tok0;
+  const int rows = nh * ntok;
+  const int Rp = (rows + 15) / 16 * 16;
+  const int Rv = Rp / 16;
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const size_t qsz = elem_size(it.dtype);
+  const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
+  // Scratch: qT2 in q; accT in acc; K as bf16 rows (fp8 only) and the weight pairs in kt; V
+  // pairs in vt.
+  uint32_t* qT2 = reinterpret_cast<uint32_t*>(sc->q);
+  float* accT = sc->acc;
+  uint16_t* kb16 = reinterpret_cast<uint16_t*>(sc->kt);
+  uint32_t* pT2 = reinterpret_cast<uint32_t*>(sc->kt) + kKeyTile * kMaxHeadSize / 2;
+  uint32_t* vt2 = reinterpret_cast<uint32_t*>(sc->vt);
+
+  int64_t kbeg = it.num_keys, kend = 0;
+  int32_t max_lo = 0, min_hi = std::numeric_limits<int32_t>::max();
+  for (int r = 0; r < Rp; ++r) {
+    sc->m[r] = kNegInf;
+    sc->l[r] = 0.0f;
+    if (r >= rows) {
+      sc->lo[r] = std::numeric_limits<int32_t>::max();
+      sc->hi[r] = -1;
+      sc->posf[r] = sc->slope[r] = 0.0f;
+      continue;
+    }
+    const int t = r / nh, g = r % nh;
+    const int64_t pos = static_cast<int64_t>(it.pos_offset) + it.tok0 + t;
+    const int64_t lo = std::max(it.key0, item_row_lo(it, t));
+    const int64_t hi = std::min(it.key1 - 1, item_row_hi(it, t));
+    sc->lo[r] = static_cast<int32_t>(lo);
+    sc->hi[r] = static_cast<int32_t>(hi);
+    sc->posf[r] = static_cast<float>(pos);
+    sc->slope[r] = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
+    kbeg = std::min(kbeg, lo);
+    kend = std::max(kend, hi + 1);
+    max_lo = std::max(max_lo, sc->lo[r]);
+    min_hi = std::min(min_hi, sc->hi[r]);
+  }
+  // qT2 (bf16 pairs of dims; the scale goes on the scores) and accT, zero padded.
+  memset(qT2, 0, sizeof(uint32_t) * static_cast<size_t>(D / 2) * Rp);
+  memset(accT, 0, sizeof(float) * static_cast<size_t>(D) * Rp);
+  float row[kMaxHeadSize];
+  for (int r = 0; r < rows; ++r) {
+    const int t = r / nh, g = r % nh;
+    const char* qp = static_cast<const char*>(it.q) +
+                     ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
+                         static_cast<int64_t>(qsz);
+    load_row(qp, it.dtype, 1.0f, row, D);
+    for (int x2 = 0; x2 < D / 2; ++x2)
+      qT2[static_cast<size_t>(x2) * Rp + r] = static_cast<uint32_t>(f32_to_bf16(row[2 * x2])) |
+                                              static_cast<uint32_t>(f32_to_bf16(row[2 * x2 + 1])) << 16;
+  }
+  const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
+  const float sfac = it.scale * (dp_fp8(DT) ? it.kv.k_scale : 1.0f);
+  const void* kp[kKeyTile];
+  const void* vp[kKeyTile];
+  const uint16_t* krow[kKeyTile];
+
+  prefetch_first(it, kbeg, kend);
+  for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
+    const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
+    const int nk4 = (nk + 3) / 4 * 4;
+    key_ptrs(it, kt0, nk, kp, vp, kend);
+    for (int k = nk; k < kKeyTile; ++k) kp[k] = vp[k] = kZeroRow;  // finite filler, weight 0
+    for (int k = 0; k < nk4; ++k) {
+      if constexpr (dp_fp8(DT)) {
+        uint16_t* dst = kb16 + static_cast<size_t>(k) * D;
+        for (int x = 0; x < D; x += 64) {
+          __m512i w[2];
+          fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k]) + x), w[0], w[1]);
+          // Natural order for the dim pairs of qT2: undo the lookup's interleave.
+          alignas(64) uint16_t words[64];
+          _mm512_store_si512(words, w[0]);
+          _mm512_store_si512(words + 32, w[1]);
+          for (int y = 0; y < 64; ++y) dst[x + dp_q_dim_fp8(y)] = words[y];
+        }
+        krow[k] = dst;
+      } else {
+        krow[k] = static_cast<const uint16_t*>(kp[k]);
+      }
+    }
+    for (int k0 = 0; k0 < nk4; k0 += 4) {
+      float* sk = sc->s + static_cast<size_t>(k0) * Rp;
+      int rv = 0;
+      for (; rv + 4 <= Rv; rv += 4) dpw_scores<4>(qT2, krow + k0, D, Rp, rv, sk);
+      switch (Rv - rv) {
+        case 3: dpw_scores<3>(qT2, krow + k0, D, Rp, rv, sk); break;
+        case 2: dpw_scores<2>(qT2, krow + k0, D, Rp, rv, sk); break;
+        case 1: dpw_scores<1>(qT2, krow + k0, D, Rp, rv, sk); break;
+        default: break;
+      }
+    }
+    // Scale, masks, cap, ALiBi; online softmax per row vector; weights rounded to bf16 and
+    // interleaved in key pairs.
+    const bool full = plain && max_lo <= kt0 && kt0 + nk - 1 <= min_hi;
+    const auto ninf = hn::Set(d, kNegInf);
+    const auto vsfac = hn::Set(d, sfac);
+    const int npair = (nk + 1) / 2;
+    for (int v = 0; v < Rv; ++v) {
+      const size_t o = static_cast<size_t>(v) * 16;
+      auto mt = ninf;
+      if (full) {
+        for (int k = 0; k < nk; ++k) {
+          float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
+          const auto x = hn::Mul(hn::Load(d, sp), vsfac);
+          hn::Store(x, d, sp);
+          mt = hn::Max(mt, x);
+        }
+      } else {
+        const auto lo = hn::Load(di, sc->lo + o), hi = hn::Load(di, sc->hi + o);
+        const auto posf = hn::Load(d, sc->posf + o), slope = hn::Load(d, sc->slope + o);
+        const auto cap = hn::Set(d, it.soft_cap), inv_cap = hn::Set(d, it.soft_cap > 0.0f ? 1.0f / it.soft_cap : 0.0f);
+        for (int k = 0; k < nk; ++k) {
+          float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
+          auto x = hn::Mul(hn::Load(d, sp), vsfac);
+          if (it.soft_cap > 0.0f) x = hn::Mul(cap, hn::Tanh(d, hn::Mul(x, inv_cap)));
+          if (it.alibi != nullptr)
+            x = hn::MulAdd(slope, hn::Sub(hn::Set(d, static_cast<float>(kt0 + k)), posf), x);
+          const auto kpos = hn::Set(di, static_cast<int32_t>(kt0 + k));
+          const auto vis = hn::RebindMask(d, hn::And(hn::Not(hn::Lt(kpos, lo)), hn::Not(hn::Lt(hi, kpos))));
+          x = hn::IfThenElse(vis, x, ninf);
+          hn::Store(x, d, sp);
+          mt = hn::Max(mt, x);
+        }
+      }
+      const auto mold = hn::Load(d, sc->m + o);
+      const auto mnew = hn::Max(mold, mt);
+      const auto msafe = hn::IfThenElse(hn::Eq(mnew, ninf), hn::Zero(d), mnew);
+      const auto alpha = hn::Exp(d, hn::Sub(mold, msafe));
+      hn::Store(mnew, d, sc->m + o);
+      hn::Store(alpha, d, sc->alpha + o);
+      auto sum = hn::Zero(d);
+      for (int kk = 0; kk < npair; ++kk) {
+        __m512i half[2];
+        for (int e = 0; e < 2; ++e) {
+          const int k = 2 * kk + e;
+          __m512 p = _mm512_setzero_ps();
+          if (k < nk) {
+            p = hn::Exp(d, hn::Sub(hn::Load(d, sc->s + static_cast<size_t>(k) * Rp + o), msafe)).raw;
+            // Round to bf16 (to nearest even) so l sums exactly the weights P.V uses.
+            const __m512i u = _mm512_castps_si512(p);
+            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+            p = _mm512_castsi512_ps(_mm512_and_si512(
+                _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), odd)),
+                _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+          }
+          sum = hn::Add(sum, hn::Vec<DF>{p});
+          half[e] = _mm512_srli_epi32(_mm512_castps_si512(p), 16);
+        }
+        _mm512_store_si512(pT2 + static_cast<size_t>(kk) * Rp + o,
+                           _mm512_or_si512(half[0], _mm512_slli_epi32(half[1], 16)));
+      }
+      hn::Store(hn::MulAdd(hn::Load(d, sc->l + o), alpha, sum), d, sc->l + o);
+    }
+    for (int x = 0; x < D; ++x) {
+      float* ap = accT + static_cast<size_t>(x) * Rp;
+      for (int v = 0; v < Rv; ++v)
+        hn::Store(hn::Mul(hn::Load(d, ap + v * 16), hn::Load(d, sc->alpha + v * 16)), d, ap + v * 16);
+    }
+    dpw_v_pairs<DT>(vp, D, npair, vt2, L);
+    int rv = 0;
+    for (; rv + 4 <= Rv; rv += 4) dpw_accumulate<4>(accT, pT2, vt2, D, Rp, rv, npair);
+    switch (Rv - rv) {
+      case 3: dpw_accumulate<3>(accT, pT2, vt2, D, Rp, rv, npair); break;
+      case 2: dpw_accumulate<2>(accT, pT2, vt2, D, Rp, rv, npair); break;
+      case 1: dpw_accumulate<1>(accT, pT2, vt2, D, Rp, rv, npair); break;
+      default: break;
+    }
+  }
+
+  // Rows back out of accT in natural dim order (times fp8's V scale), then the output pass.
+  const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
+  float* acc_rows = sc->q;  // qT2 is no longer needed
+  for (int r = 0; r < rows; ++r) {
+    float* a = acc_rows + static_cast<size_t>(r) * D;
+    for (int x = 0; x < D; ++x)
+      a[(x & ~63) + dp_dim<DT>(x & 63)] = accT[static_cast<size_t>(x) * Rp + r] * vf;
+  }
+  write_rows(it, acc_rows, sc->m, sc->l, D);
 }
 
 // fp8 -> bf16 as the dot-product decode reads K, back in natural order and widened to float32
@@ -1527,6 +1820,14 @@ PA_DP_ATTR HWY_NOINLINE void ConvertDpForTest(const void* src, float* dst, int n
 
 void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
 #ifdef PA_DP
+  if (dp && (it.h1 - it.h0) * (it.tok1 - it.tok0) >= 16 && dp_wide_eligible(it)) {
+    switch (it.kv.dtype) {
+      case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemWideDp<PAGEDATTN_DTYPE_BFLOAT16>(it, sc); return;
+      case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemWideDp<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc); return;
+      case PAGEDATTN_DTYPE_FP8_E5M2: AttentionItemWideDp<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc); return;
+      default: break;
+    }
+  }
   if (dp && dp_eligible(it)) {
     switch (it.kv.dtype) {
       case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemDp<PAGEDATTN_DTYPE_BFLOAT16>(it, sc); return;
