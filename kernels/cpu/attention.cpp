@@ -432,6 +432,39 @@ HWY_INLINE float exp_row(float* HWY_RESTRICT s, float m, int nk) {
   return total;
 }
 
+// dst[0, n) = x[0, n) * f in the output dtype (float32, float16, bfloat16; bf16 and f16 rounded
+// to nearest even as store_elem does).
+HWY_INLINE void store_row(void* dst, pagedattn_dtype dt, const float* HWY_RESTRICT x, float f,
+                          int n) {
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  const auto vf = hn::Set(d, f);
+  int i = 0;
+  if (dt == PAGEDATTN_DTYPE_FLOAT32) {
+    float* o = static_cast<float*>(dst);
+    for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vf), d, o + i);
+    for (; i < n; ++i) o[i] = x[i] * f;
+  } else if (dt == PAGEDATTN_DTYPE_BFLOAT16) {
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<uint16_t, DF> du16;
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    for (; i + N <= n; i += N) {
+      const auto u = hn::BitCast(di, hn::Mul(hn::LoadU(d, x + i), vf));
+      const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(di, 1));
+      auto r = hn::And(hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(di, 0x7FFF), odd))),
+                       hn::Set(di, 0xFFFF));
+      const auto nan = hn::Gt(hn::And(u, hn::Set(di, 0x7FFFFFFF)), hn::Set(di, 0x7F800000));
+      r = hn::IfThenElse(nan, hn::Or(hn::And(hn::ShiftRight<16>(u), hn::Set(di, 0xFFFF)),
+                                     hn::Set(di, 0x40)), r);
+      hn::StoreU(hn::DemoteTo(du16, r), du16, o + i);
+    }
+    for (; i < n; ++i) o[i] = f32_to_bf16(x[i] * f);
+  } else {
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    for (; i < n; ++i) o[i] = f32_to_f16(x[i] * f);
+  }
+}
+
 // ---- Row-vectorised path (rows >= vector length: prefill tiles, wide GQA groups) ----
 // Vectors run over the item's rows: qT[d][r], s[k][r], accT[d][r]. Scores and P.V become
 // register-blocked outer products (no horizontal sums) and the softmax, masks, ALiBi and soft cap
@@ -647,7 +680,7 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
     char* op = static_cast<char*>(it.out) +
                ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
                    static_cast<int64_t>(qsz);
-    for (int x = 0; x < D; ++x) store_elem(op, x, it.dtype, row[x] * inv, 1.0f);
+    store_row(op, it.dtype, row, inv, D);
     if (it.lse != nullptr) {
       it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
           l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
@@ -1067,7 +1100,7 @@ HWY_INLINE void write_rows(const AttnItem& it, const float* acc, const float* m,
       char* op = static_cast<char*>(it.out) +
                  ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
                      static_cast<int64_t>(qsz);
-      for (int i = 0; i < D; ++i) store_elem(op, i, it.dtype, a[i] * inv, 1.0f);
+      store_row(op, it.dtype, a, inv, D);
       if (it.lse != nullptr) {
         it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
             l > 0.0f ? m[r] + logf(l) : kNegInf;
@@ -1249,6 +1282,33 @@ HWY_INLINE int dp_dim(int x) {
   const int v = x >> 4, b = (x >> 2) & 3, t = x & 3;
   if constexpr (dp_fp8(DT)) return 16 * b + 4 * v + t;
   return 32 * (v >> 1) + 8 * b + 4 * (v & 1) + t;
+}
+
+// A row of D accumulators from accumulator order back to natural dim order, times f (dp_dim as
+// 128-bit block shuffles).
+template <int DT>
+PA_DP_ATTR HWY_INLINE void dp_unpermute(const float* HWY_RESTRICT src, float* HWY_RESTRICT dst,
+                                        int D, float f) {
+  const __m512 vf = _mm512_set1_ps(f);
+  if constexpr (dp_fp8(DT)) {
+    for (int x = 0; x < D; x += 64) {
+      const __m512 v0 = _mm512_loadu_ps(src + x), v1 = _mm512_loadu_ps(src + x + 16);
+      const __m512 v2 = _mm512_loadu_ps(src + x + 32), v3 = _mm512_loadu_ps(src + x + 48);
+      const __m512 lo01 = _mm512_shuffle_f32x4(v0, v1, 0x44), lo23 = _mm512_shuffle_f32x4(v2, v3, 0x44);
+      const __m512 hi01 = _mm512_shuffle_f32x4(v0, v1, 0xEE), hi23 = _mm512_shuffle_f32x4(v2, v3, 0xEE);
+      _mm512_storeu_ps(dst + x, _mm512_mul_ps(_mm512_shuffle_f32x4(lo01, lo23, 0x88), vf));
+      _mm512_storeu_ps(dst + x + 16, _mm512_mul_ps(_mm512_shuffle_f32x4(lo01, lo23, 0xDD), vf));
+      _mm512_storeu_ps(dst + x + 32, _mm512_mul_ps(_mm512_shuffle_f32x4(hi01, hi23, 0x88), vf));
+      _mm512_storeu_ps(dst + x + 48, _mm512_mul_ps(_mm512_shuffle_f32x4(hi01, hi23, 0xDD), vf));
+    }
+  } else {
+    for (int x = 0; x < D; x += 32) {
+      const __m512 v0 = _mm512_loadu_ps(src + x), v1 = _mm512_loadu_ps(src + x + 16);
+      const __m512 lo = _mm512_shuffle_f32x4(v0, v1, 0x44), hi = _mm512_shuffle_f32x4(v0, v1, 0xEE);
+      _mm512_storeu_ps(dst + x, _mm512_mul_ps(_mm512_shuffle_f32x4(lo, lo, 0xD8), vf));
+      _mm512_storeu_ps(dst + x + 16, _mm512_mul_ps(_mm512_shuffle_f32x4(hi, hi, 0xD8), vf));
+    }
+  }
 }
 
 // The natural dim of q16 position x (within 64) as the fp8 scores read it: K's fp8_bf16 order.
@@ -1511,9 +1571,8 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
   for (int r = 0; r < rows; ++r) {
     float* a = sc->acc + static_cast<size_t>(r) * D;
-    float* tmp = sc->q;
-    for (int x = 0; x < D; ++x) tmp[(x & ~63) + dp_dim<DT>(x & 63)] = a[x] * vf;
-    memcpy(a, tmp, sizeof(float) * static_cast<size_t>(D));
+    dp_unpermute<DT>(a, sc->q, D, vf);
+    memcpy(a, sc->q, sizeof(float) * static_cast<size_t>(D));
   }
   write_rows(it, sc->acc, sc->m, sc->l, D);
 }
