@@ -1339,6 +1339,38 @@ constexpr int dp_slot(int R, int r, int b) {
   return 4 * (lane & 3) + (lane >> 2);
 }
 
+// The next tile's rows, prefetched into L2 a few lines per compute step so the requests stream
+// evenly behind the work, each row in address order (a multi-head item's row is a whole slot
+// row: one contiguous run).
+struct PfStream {
+  const void* const* rows = nullptr;
+  int n = 0;      // rows
+  int lines = 0;  // cache lines per row
+  int quota = 0;  // lines per step
+  int k = 0, line = 0;
+  void start(const void* const* r, int nrows, int64_t row_bytes, int64_t steps) {
+    rows = r;
+    n = nrows;
+    lines = static_cast<int>((row_bytes + 63) / 64);
+    k = line = 0;
+    const int64_t total = static_cast<int64_t>(n) * lines;
+    quota = static_cast<int>(steps > 0 ? (total + steps - 1) / steps : total);
+  }
+  HWY_INLINE void step() {
+    for (int m = quota; m > 0 && k < n; --m) {
+      __builtin_prefetch(static_cast<const char*>(rows[k]) + 64 * line, 0, 2);
+      if (++line == lines) {
+        line = 0;
+        ++k;
+      }
+    }
+  }
+  void flush() {
+    quota = n * lines;
+    step();
+  }
+};
+
 // Scores of R rows (q16 at stride D words) against 16/R keys from kp[k]: s[r][k + b] = q . k.
 template <int DT, int R>
 PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int D,
@@ -1388,14 +1420,12 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
 // Scores of R rows against keys [0, nk) of kp (padded with a zero row to a multiple of 16).
 template <int DT, int R>
 PA_DP_ATTR HWY_INLINE void dp_score_rows(const uint16_t* q16, int D, const void* const* kp,
-                                         int nk, float* s, const TilePrefetch* pf,
-                                         const Fp8Lut& L) {
+                                         int nk, float* s, PfStream* pf, const Fp8Lut& L) {
   constexpr int KB = 16 / R;
   for (int k = 0; k < nk; k += KB) {
     dp_score_block<DT, R>(q16, D, kp, k, s, L);
-    prefetch_rows(pf, k, k + KB);
+    pf->step();
   }
-  if (pf != nullptr) prefetch_rows(pf, nk, pf->n);
 }
 
 // acc rows (stride D, accumulator order) += sum_k p[r][k] v_k over the group of 32 * NV dims at
@@ -1404,7 +1434,7 @@ PA_DP_ATTR HWY_INLINE void dp_score_rows(const uint16_t* q16, int D, const void*
 template <int DT, int R, int NV>
 PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
                                         const uint16_t* HWY_RESTRICT p16, const void* const* vp,
-                                        int nk, const TilePrefetch* pf, const Fp8Lut& L) {
+                                        int nk, PfStream* pf, const Fp8Lut& L) {
   __m512 a[R][NV];
   HWY_UNROLL(4)
   for (int r = 0; r < R; ++r) {
@@ -1412,7 +1442,7 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
     for (int v = 0; v < NV; ++v) a[r][v] = _mm512_load_ps(acc + r * D + g + 16 * v);
   }
   for (int k = 0; k < nk; k += 2) {
-    prefetch_rows(pf, k, k + 2);
+    pf->step();
     __m512i w[NV];
     if constexpr (!dp_fp8(DT)) {
       const uint16_t* v0 = static_cast<const uint16_t*>(vp[k]) + g;
@@ -1439,7 +1469,6 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
       for (int v = 0; v < NV; ++v) a[r][v] = _mm512_dpbf16_ps(a[r][v], (__m512bh)w[v], pb);
     }
   }
-  if (pf != nullptr) prefetch_rows(pf, nk, pf->n);
   HWY_UNROLL(4)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(4)
@@ -1449,10 +1478,10 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
 
 template <int DT, int R>
 PA_DP_ATTR HWY_INLINE void dp_acc_rows(float* acc, int D, const uint16_t* p16,
-                                       const void* const* vp, int nk, const TilePrefetch* pf,
+                                       const void* const* vp, int nk, PfStream* pf,
                                        const Fp8Lut& L) {
   int g = 0;
-  for (; g + 64 <= D; g += 64, pf = nullptr) dp_acc_group<DT, R, 4>(acc, D, g, p16, vp, nk, pf, L);
+  for (; g + 64 <= D; g += 64) dp_acc_group<DT, R, 4>(acc, D, g, p16, vp, nk, pf, L);
   if constexpr (!dp_fp8(DT)) {
     if (g < D) dp_acc_group<DT, R, 2>(acc, D, g, p16, vp, nk, pf, L);
   }
@@ -1462,7 +1491,12 @@ PA_DP_ATTR HWY_INLINE void dp_acc_rows(float* acc, int D, const uint16_t* p16,
 // are multiples of 32; fp8 caches, any query dtype, head sizes that are multiples of 64.
 HWY_INLINE bool dp_eligible(const AttnItem& it) {
   const int rows = (it.h1 - it.h0) * (it.tok1 - it.tok0);
-  if (rows >= 16 || it.head_size > kMaxHeadSize) return false;
+  if (it.kv_heads > 1) {  // planned for this path (multi_head_decode_ok)
+    if (it.tok1 - it.tok0 != 1 || rows > kMaxRows) return false;
+  } else if (rows >= 16) {
+    return false;
+  }
+  if (it.head_size > kMaxHeadSize) return false;
   if (it.kv.dtype == PAGEDATTN_DTYPE_BFLOAT16)
     return it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && it.head_size % 32 == 0;
   return (it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2) &&
@@ -1478,9 +1512,15 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   const int nh = it.h1 - it.h0;
   const int ntok = it.tok1 - it.tok0;
   const int rows = nh * ntok;
-  const int rows_s = rows % 4 == 3 ? rows + 1 : rows;  // a last group of 3 rows is scored as 4
+  // Several KV heads (decode, contiguous heads: kv_heads > 1) run tile by tile together, so one
+  // item reads whole slot rows of the cache; each head has G rows (G % 4 == 0 or G <= 2 then).
+  const int kvn = it.kv_heads > 1 ? it.kv_heads : 1;
+  const int G = rows / kvn;
+  const int G_s = G % 4 == 3 ? G + 1 : G;  // a last group of 3 rows is scored as 4 (kvn == 1)
+  const int rows_s = rows - G + G_s;
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t qsz = elem_size(it.dtype);
+  const size_t esz = elem_size(it.kv.dtype);
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
   // q as bf16 (in K's element order), rows at stride D words; the weights of a tile as bf16.
   uint16_t* q16 = reinterpret_cast<uint16_t*>(sc->kt);
@@ -1517,54 +1557,79 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   for (int b = 0; b < 2; ++b)
     for (int k = 0; k < kKeyTile; ++k) ptrs[b][0][k] = ptrs[b][1][k] = kZeroRow;
   int cur = 0;
-  const int64_t row_bytes = static_cast<int64_t>(D) * static_cast<int64_t>(elem_size(it.kv.dtype));
+  // Prefetched span of a key: its rows of all the item's heads (contiguous when kvn > 1).
+  const int64_t row_bytes = static_cast<int64_t>(kvn) * D * static_cast<int64_t>(esz);
+  const int64_t head_bytes = it.kv.head_stride * static_cast<int64_t>(esz);
+  const void* hptr[kKeyTile];  // one head's row addresses (kvn > 1)
+  // Row addresses of head h (0: the item's first) of keys [0, n); padding keeps the zero row.
+  auto head_rows = [&](const void* const* base, int h, int n) -> const void* const* {
+    if (h == 0) return base;
+    for (int k = 0; k < n; ++k)
+      hptr[k] = base[k] == kZeroRow ? base[k] : static_cast<const char*>(base[k]) + h * head_bytes;
+    return hptr;
+  };
 
-  prefetch_first(it, kbeg, kend);
-  if (kbeg < kend)
-    key_ptrs(it, kbeg, static_cast<int>(std::min<int64_t>(kKeyTile, kend - kbeg)), ptrs[0][0],
-             ptrs[0][1], 0);
+  if (kbeg < kend) {
+    const int n0 = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kbeg));
+    key_ptrs(it, kbeg, n0, ptrs[0][0], ptrs[0][1], 0);
+    const TilePrefetch first_k{ptrs[0][0], n0, row_bytes}, first_v{ptrs[0][1], n0, row_bytes};
+    prefetch_rows(&first_k, 0, n0);
+    prefetch_rows(&first_v, 0, n0);
+  }
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
     const int nk16 = (nk + 15) & ~15;
     const void** kptr = ptrs[cur][0];
     const void** vptr = ptrs[cur][1];
-    TilePrefetch pf_k{ptrs[cur ^ 1][0], 0, row_bytes};
+    int next_n = 0;
     if (kt0 + kKeyTile < kend) {
-      pf_k.n = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile));
-      key_ptrs(it, kt0 + kKeyTile, pf_k.n, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0);
-      for (int k = pf_k.n; k < kKeyTile; ++k) ptrs[cur ^ 1][0][k] = ptrs[cur ^ 1][1][k] = kZeroRow;
+      next_n = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile));
+      key_ptrs(it, kt0 + kKeyTile, next_n, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0);
+      for (int k = next_n; k < kKeyTile; ++k) ptrs[cur ^ 1][0][k] = ptrs[cur ^ 1][1][k] = kZeroRow;
     }
-    const TilePrefetch pf_v{ptrs[cur ^ 1][1], pf_k.n, row_bytes};
+    // The next tile's K streams in during these scores, its V during this P.V.
+    PfStream pf;
+    pf.start(ptrs[cur ^ 1][0], next_n, row_bytes,
+             static_cast<int64_t>(kvn) * ((G_s + 3) / 4) * (nk16 / 4));
+    for (int h = 0; h < kvn; ++h) {
+      const void* const* kh = head_rows(kptr, h, nk16);
+      int r = h * G;
+      const int r_end = h * G + G_s;
+      for (; r + 4 <= r_end; r += 4)
+        dp_score_rows<DT, 4>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L);
+      if (r_end - r == 2)
+        dp_score_rows<DT, 2>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L);
+      else if (r_end - r == 1)
+        dp_score_rows<DT, 1>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L);
+    }
+    pf.flush();
+    pf.start(ptrs[cur ^ 1][1], next_n, row_bytes,
+             static_cast<int64_t>(kvn) * ((G + 3) / 4) * ((D + 63) / 64) * (nk16 / 2));
     cur ^= 1;
-    {
-      int r = 0;
-      const TilePrefetch* pf = &pf_k;  // the first row group issues the prefetches
-      for (; r + 4 <= rows_s; r += 4, pf = nullptr)
-        dp_score_rows<DT, 4>(q16 + r * D, D, kptr, nk16, sc->s + r * kKeyTile, pf, L);
-      if (rows_s - r == 2)
-        dp_score_rows<DT, 2>(q16 + r * D, D, kptr, nk16, sc->s + r * kKeyTile, pf, L);
-      else if (rows_s - r == 1)
-        dp_score_rows<DT, 1>(q16 + r * D, D, kptr, nk16, sc->s + r * kKeyTile, pf, L);
+    if (!softmax_tile(it, sc, kt0, nk, plain, D, sfac, true)) {
+      pf.flush();
+      continue;
     }
-    if (!softmax_tile(it, sc, kt0, nk, plain, D, sfac, true)) continue;
     const int nk2 = (nk + 1) & ~1;
     for (int r = 0; r < rows; ++r) {  // bf16 values already (weights of keys >= nk are 0)
       const float* s = sc->s + r * kKeyTile;
       const __m512bh pb = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + 16), _mm512_load_ps(s));
       _mm512_store_si512(p16 + r * kKeyTile, (__m512i)pb);
     }
-    {
-      int r = 0;
-      const TilePrefetch* pf = &pf_v;
-      for (; r + 4 <= rows; r += 4, pf = nullptr)
-        dp_acc_rows<DT, 4>(sc->acc + r * D, D, p16 + r * kKeyTile, vptr, nk2, pf, L);
-      switch (rows - r) {
-        case 3: dp_acc_rows<DT, 3>(sc->acc + r * D, D, p16 + r * kKeyTile, vptr, nk2, pf, L); break;
-        case 2: dp_acc_rows<DT, 2>(sc->acc + r * D, D, p16 + r * kKeyTile, vptr, nk2, pf, L); break;
-        case 1: dp_acc_rows<DT, 1>(sc->acc + r * D, D, p16 + r * kKeyTile, vptr, nk2, pf, L); break;
+    for (int h = 0; h < kvn; ++h) {
+      const void* const* vh = head_rows(vptr, h, nk2);
+      int r = h * G;
+      const int r_end = h * G + G;
+      for (; r + 4 <= r_end; r += 4)
+        dp_acc_rows<DT, 4>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L);
+      switch (r_end - r) {
+        case 3: dp_acc_rows<DT, 3>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L); break;
+        case 2: dp_acc_rows<DT, 2>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L); break;
+        case 1: dp_acc_rows<DT, 1>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L); break;
         default: break;
       }
     }
+    pf.flush();
   }
 
   // Back to natural dim order (and the V scale of fp8), then the output pass.
@@ -1877,9 +1942,38 @@ PA_DP_ATTR HWY_NOINLINE void ConvertDpForTest(const void* src, float* dst, int n
 }
 #endif  // HWY_TARGET == HWY_AVX3_DL
 
-void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
+// Whether the dot-product decode runs items covering several KV heads (kv_heads > 1) like it.
+bool MultiHeadDecodeOk(const AttnItem& it) {
 #ifdef PA_DP
-  if (dp && (it.h1 - it.h0) * (it.tok1 - it.tok0) >= 16 && dp_wide_eligible(it)) {
+  return dp_eligible(it);
+#else
+  (void)it;
+  return false;
+#endif
+}
+
+void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
+  if (it.kv_heads > 1 && !(dp && MultiHeadDecodeOk(it))) {
+    // Not a path that reads several heads at once: one KV head at a time (rows stay in order).
+    const int G = (it.h1 - it.h0) / it.kv_heads;
+    for (int h = 0; h < it.kv_heads; ++h) {
+      AttnItem one = it;
+      one.kv_heads = 1;
+      one.kv_head = it.kv_head + h;
+      one.h0 = it.h0 + h * G;
+      one.h1 = one.h0 + G;
+      if (it.out == nullptr) {
+        one.part_acc = it.part_acc + static_cast<size_t>(h) * G * it.head_size;
+        one.part_m = it.part_m + h * G;
+        one.part_l = it.part_l + h * G;
+      }
+      AttentionItem(one, sc, dp);
+    }
+    return;
+  }
+#ifdef PA_DP
+  if (dp && it.kv_heads <= 1 && (it.h1 - it.h0) * (it.tok1 - it.tok0) >= 16 &&
+      dp_wide_eligible(it)) {
     switch (it.kv.dtype) {
       case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemWideDp<PAGEDATTN_DTYPE_BFLOAT16>(it, sc); return;
       case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemWideDp<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc); return;
@@ -1986,11 +2080,16 @@ HWY_AFTER_NAMESPACE();
 namespace pa_cpu {
 
 HWY_EXPORT(AttentionItem);
+HWY_EXPORT(MultiHeadDecodeOk);
 HWY_EXPORT(ConvertForTest);
 
 void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const void* src,
                       float* dst, int n) {
   HWY_DISPATCH_TABLE(ConvertForTest)[target_index](dt, mode, src, dst, n);
+}
+
+bool multi_head_decode_ok(const Target& target, const AttnItem& item) {
+  return target.bf16_dp && HWY_DISPATCH_TABLE(MultiHeadDecodeOk)[target.index](item);
 }
 
 void attention_item(const Target& target, const AttnItem& item, Scratch* scratch) {

@@ -91,6 +91,8 @@ struct AttnItem {
   int32_t tok0, tok1;         /* tokens within the sequence */
   int32_t h0, h1;             /* query heads (all mapping to kv_head) */
   int32_t kv_head;
+  int32_t kv_heads;           /* KV heads kv_head.. covered (h0..h1 spans all their query heads);
+                                 > 1 only for decode items multi_head_decode_ok accepts, 0 = 1 */
   int32_t head_size;
   /* Masking. pos(token j) = pos_offset + j; causal: keys <= pos; window W > 0: pos - key < W. */
   int32_t causal;
@@ -106,6 +108,11 @@ struct AttnItem {
   float* part_m;
   float* part_l;
 };
+
+/* Whether `item` (a decode item, one token) may cover several KV heads (kv_heads > 1: the AVX3_BF16
+ * dot-product decode reads whole slot rows of caches whose heads are contiguous). Items the
+ * kernels cannot run that way are still correct: they run one KV head at a time. */
+bool multi_head_decode_ok(const Target& target, const AttnItem& item);
 
 /* Runs one work item with the given target. */
 void attention_item(const Target& target, const AttnItem& item, Scratch* scratch);

@@ -154,18 +154,54 @@ void free_batch(void* state, pa_batch* batch) {
 
 // ---- forward ----
 
-// How one sequence's rows are cut: heads per item and tokens per item.
+// How one sequence's rows are cut: heads per item and tokens per item; decode sequences (one
+// token) may instead take kv_per_item whole KV heads per item.
 struct Shape {
-  int32_t group, heads_per_item, head_chunks, tokens_per_item;
+  int32_t group, heads_per_item, head_chunks, tokens_per_item, kv_per_item;
 };
 
-Shape shape_of(const pa_forward_args& a) {
+void seq_item(const pa_forward_args& a, int32_t i, AttnItem* it);
+
+Shape shape_of(const Backend* b, const pa_forward_args& a) {
   Shape s;
   s.group = a.num_heads / a.num_kv_heads;
   s.heads_per_item = std::min(s.group, kMaxRows);
   s.head_chunks = (s.group + s.heads_per_item - 1) / s.heads_per_item;
   s.tokens_per_item = std::max(1, kMaxRows / s.heads_per_item);
+  s.kv_per_item = 1;
+  // Decode over a cache whose heads are contiguous (NHD): an item that takes every KV head reads
+  // whole slot rows (Hkv x D elements in a row) instead of Hkv scattered head rows, which the
+  // memory system serves far faster. Only where the kernels read several heads at once.
+  const pa_batch& bt = *a.batch;
+  if (a.num_kv_heads > 1 && a.cache != nullptr && s.group <= kMaxRows &&
+      (s.group % 4 == 0 || s.group <= 2) &&
+      (a.attention_type == PAGEDATTN_ATTENTION_DECODER ||
+       a.attention_type == PAGEDATTN_ATTENTION_CROSS) &&
+      a.cache->head_stride == a.head_size &&
+      a.cache->slot_stride == static_cast<int64_t>(a.num_kv_heads) * a.head_size) {
+    for (int32_t i = 0; i < bt.num_seqs; ++i) {
+      if (bt.query_lens[i] != 1) continue;
+      AttnItem proto;
+      seq_item(a, i, &proto);
+      proto.tok0 = 0;
+      proto.tok1 = 1;
+      proto.kv_head = 0;
+      proto.kv_heads = std::min(a.num_kv_heads, kMaxRows / s.group);
+      proto.h0 = 0;
+      proto.h1 = proto.kv_heads * s.group;
+      if (multi_head_decode_ok(b->target, proto)) s.kv_per_item = proto.kv_heads;
+      break;
+    }
+  }
   return s;
+}
+
+// Base items (no split) of sequence i with qlen query tokens.
+int64_t base_items_of(const pa_forward_args& a, const Shape& sh, int32_t qlen) {
+  if (qlen == 1 && sh.kv_per_item > 1)
+    return (a.num_kv_heads + sh.kv_per_item - 1) / sh.kv_per_item;
+  const int64_t tiles = (qlen + sh.tokens_per_item - 1) / sh.tokens_per_item;
+  return tiles * a.num_kv_heads * sh.head_chunks;
 }
 
 int64_t keys_of(const pa_forward_args& a, int32_t i) {
@@ -247,6 +283,18 @@ void seq_item(const pa_forward_args& a, int32_t i, AttnItem* it) {
 void place_item(const pa_forward_args& a, const Shape& sh, int32_t i, int64_t local,
                 AttnItem* it) {
   const int32_t qlen = a.batch->query_lens[i];
+  it->kv_heads = 1;
+  if (qlen == 1 && sh.kv_per_item > 1) {
+    const int32_t kv0 = static_cast<int32_t>(local) * sh.kv_per_item;
+    it->kv_head = kv0;
+    it->kv_heads = std::min(sh.kv_per_item, a.num_kv_heads - kv0);
+    it->tok0 = 0;
+    it->tok1 = 1;
+    it->q_row0 = a.batch->query_start[i];
+    it->h0 = kv0 * sh.group;
+    it->h1 = (kv0 + it->kv_heads) * sh.group;
+    return;
+  }
   const int64_t tiles = (qlen + sh.tokens_per_item - 1) / sh.tokens_per_item;
   const int64_t tile = local % tiles;
   const int64_t rest = local / tiles;
@@ -309,15 +357,13 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
     if (bt.num_tokens == 0) return PAGEDATTN_OK;
 
     // 2. Work split: base items per sequence, then split-KV when there are too few of them.
-    const Shape sh = shape_of(a);
+    const Shape sh = shape_of(b, a);
     const int32_t ns = bt.num_seqs;
-    const int64_t per_tile = static_cast<int64_t>(a.num_kv_heads) * sh.head_chunks;
     plan->base_prefix[0] = 0;
     int64_t max_keys = 0;
     for (int32_t i = 0; i < ns; ++i) {
       const int32_t q = bt.query_lens[i];
-      const int64_t tiles = (q + sh.tokens_per_item - 1) / sh.tokens_per_item;
-      plan->base_prefix[i + 1] = plan->base_prefix[i] + tiles * per_tile;
+      plan->base_prefix[i + 1] = plan->base_prefix[i] + base_items_of(a, sh, q);
       if (q > 0) max_keys = std::max(max_keys, keys_of(a, i));
     }
     const int64_t base_items = plan->base_prefix[ns];
