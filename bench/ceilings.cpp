@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -92,6 +93,69 @@ BandwidthResult measure_read_bandwidth(size_t bytes, int threads, int passes) {
   res.bytes_per_s = s.max;
   res.median_bytes_per_s = s.median;
   res.buffer_bytes = n * sizeof(float);
+  res.passes = passes;
+  return res;
+}
+
+BandwidthResult measure_paged_read(const PagedLayout& pl, int threads, int passes) {
+  BandwidthResult res;
+  const int ns = static_cast<int>(pl.keys.size());
+  double bytes = 0;
+  for (int64_t k : pl.keys) bytes += static_cast<double>(k) * pl.runs * pl.slot_bytes * 2;
+  const int L = static_cast<int>(pl.k_layers.size());
+  std::vector<double> rates;
+  volatile float sink = 0;
+  std::vector<float> part(threads);
+  for (int p = 0; p < passes + 1; ++p) {  // one warm-up pass
+    const int layer = p % L;
+    double t0 = now_s();
+    parallel(threads, [&](int t) {
+      float acc = 0;
+      for (int s = t; s < ns; s += threads) {
+        const int64_t keys = pl.keys[s];
+        const int nb = static_cast<int>((keys + pl.block_size - 1) / pl.block_size);
+        for (int half = 0; half < 2; ++half) {
+          const char* base = static_cast<const char*>(half ? pl.v_layers[layer] : pl.k_layers[layer]);
+          auto block_at = [&](int b) {
+            return base + (size_t)pl.tables[(size_t)s * pl.table_stride + b] * pl.block_stride_bytes;
+          };
+          const size_t run_bytes = (size_t)pl.block_size * pl.slot_bytes;
+          for (int b = 0; b < 2 && b < nb; ++b)  // the first two blocks at once
+            for (int r = 0; r < pl.runs; ++r)
+              for (size_t o = 0; o < run_bytes; o += 64)
+                __builtin_prefetch(block_at(b) + r * pl.run_stride_bytes + o, 0, 2);
+          for (int b = 0; b < nb; ++b) {
+            const int64_t used = std::min<int64_t>(pl.block_size, keys - (int64_t)b * pl.block_size);
+            const size_t used_bytes = (size_t)used * pl.slot_bytes;
+            const char* blk = block_at(b);
+            const char* ahead = b + 2 < nb ? block_at(b + 2) : nullptr;
+            // Block b + 2 streams in while block b is summed, 256 bytes per 256 bytes.
+            for (int r = 0; r < pl.runs; ++r) {
+              const char* run = blk + r * pl.run_stride_bytes;
+              for (size_t o = 0; o < used_bytes; o += 256) {
+                if (ahead != nullptr)
+                  for (size_t l = 0; l < 256; l += 64)
+                    __builtin_prefetch(ahead + r * pl.run_stride_bytes + o + l, 0, 2);
+                acc += sum_slice(reinterpret_cast<const float*>(run + o),
+                                 std::min<size_t>(256, used_bytes - o) / sizeof(float));
+              }
+              if (ahead != nullptr)  // the part of block b + 2 beyond this block's used slots
+                for (size_t o = used_bytes; o < run_bytes; o += 64)
+                  __builtin_prefetch(ahead + r * pl.run_stride_bytes + o, 0, 2);
+            }
+          }
+        }
+      }
+      part[t] = acc;
+    });
+    double dt = now_s() - t0;
+    for (float x : part) sink = sink + x;
+    if (p > 0) rates.push_back(bytes / dt);
+  }
+  Stats s = stats_of(rates);
+  res.bytes_per_s = s.max;
+  res.median_bytes_per_s = s.median;
+  res.buffer_bytes = (size_t)bytes;
   res.passes = passes;
   return res;
 }

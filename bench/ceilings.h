@@ -3,7 +3,9 @@
 #define PAGEDATTN_BENCH_CEILINGS_H
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace bench {
 
@@ -19,6 +21,24 @@ struct BandwidthResult {
 // Streaming read (vectorised sum) over a buffer of `bytes`, split over `threads` threads, each
 // reading its own first-touched slice. Best of `passes` passes.
 BandwidthResult measure_read_bandwidth(size_t bytes, int threads, int passes);
+
+// The decode's own memory pattern with no arithmetic: every K and V element of each sequence's
+// keys read through its block table (blocks of `block_bytes` at `block_stride_bytes`, the used
+// slots of a block as `runs` runs of `run_bytes_per_slot` x slots at `run_stride_bytes`), one
+// layer per pass rotated like the library's calls, sequences split over `threads` threads, two
+// blocks ahead prefetched. Best of `passes`; bytes counted as the decode's K/V floor.
+struct PagedLayout {
+  std::vector<void*> k_layers, v_layers;
+  const int32_t* tables = nullptr;
+  int table_stride = 0;
+  std::vector<int64_t> keys;      // keys of each sequence
+  int block_size = 0;
+  size_t block_stride_bytes = 0;  // between blocks
+  int runs = 1;                   // contiguous runs per block (NHD 1, HND one per head)
+  size_t run_stride_bytes = 0;    // between runs of a block
+  size_t slot_bytes = 0;          // bytes of one slot within a run
+};
+BandwidthResult measure_paged_read(const PagedLayout& pl, int threads, int passes);
 
 struct GemmResult {
   double flops_per_s = 0;  // best run

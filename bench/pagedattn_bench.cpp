@@ -324,6 +324,30 @@ int main(int argc, char** argv) {
     fill_random(vl[l], n, cdt, o.seed * 100 + 2 * l + 1, o.threads);
   }
 
+  // The decode's own blocks read with no arithmetic: the memory ceiling of this access pattern
+  // (scattered blocks through the tables), next to the streaming one.
+  BandwidthResult paged;
+  PagedLayout pl;
+  const bool paged_ceiling = !o.no_ceilings && o.mode == "decode";
+  if (paged_ceiling) {
+    pl.k_layers = kl;
+    pl.v_layers = vl;
+    pl.tables = c.tables.data();
+    pl.table_stride = c.table_stride;
+    for (int s = 0; s < B; ++s) pl.keys.push_back((int64_t)c.ctxs[s] + c.qlens[s]);
+    pl.block_size = bs;
+    pl.block_stride_bytes = (size_t)strides[0] * csz;
+    if (layout == PAGEDATTN_LAYOUT_NHD) {
+      pl.runs = 1;
+      pl.slot_bytes = (size_t)Hkv * D * csz;
+    } else {
+      pl.runs = Hkv;
+      pl.run_stride_bytes = (size_t)bs * D * csz;
+      pl.slot_bytes = (size_t)D * csz;
+    }
+    paged = measure_paged_read(pl, o.threads, 7);
+  }
+
   std::fprintf(txt, "pagedattn-bench %s | backend %s (%d threads) | H %d Hkv %d D %d | block %d %s"
                " | dtype %s cache %s\n",
                o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs,
@@ -350,6 +374,10 @@ int main(int argc, char** argv) {
                    " [oneDNN isa %s]\n", gemm.m, gemm.n, gemm.k, gemm.flops_per_s / 1e9,
                    gemm.runs, gemm.median_flops_per_s / 1e9, onednn_isa().c_str());
     else std::fprintf(txt, "  ceiling: sgemm failed: %s\n", gemm.error.c_str());
+    if (paged_ceiling)
+      std::fprintf(txt, "  ceiling: paged read of this batch's K/V blocks (no arithmetic) %.2f GB/s"
+                   " best of %d (median %.2f)\n", paged.bytes_per_s / 1e9, paged.passes,
+                   paged.median_bytes_per_s / 1e9);
     if (bgemm.error.empty())
       std::fprintf(txt, "  (for reference) oneDNN bf16 matmul, f32 out: %.1f GFLOP/s best\n",
                    bgemm.flops_per_s / 1e9);
@@ -372,6 +400,11 @@ int main(int argc, char** argv) {
     std::fprintf(txt, "  ceilings after the run: read bandwidth %.2f GB/s, sgemm %.1f GFLOP/s;"
                  " using the best of before/after\n", b2.bytes_per_s / 1e9, g2.flops_per_s / 1e9);
     if (b2.bytes_per_s > bw.bytes_per_s) bw = b2;
+    if (paged_ceiling) {
+      BandwidthResult p2 = measure_paged_read(pl, o.threads, 7);
+      std::fprintf(txt, "  paged read after the run: %.2f GB/s\n", p2.bytes_per_s / 1e9);
+      if (p2.bytes_per_s > paged.bytes_per_s) paged = p2;
+    }
     if (g2.error.empty() && g2.flops_per_s > gemm.flops_per_s) gemm = g2;
   };
   int64_t tokens_done = c.tokens;
@@ -596,6 +629,9 @@ int main(int argc, char** argv) {
                std::max(t_bytes, t_flops) > 0 ? med / std::max(t_bytes, t_flops) : 0.0);
   std::fprintf(txt, "  bytes: %s per call -> %.2f GB/s = %.1f%% of read bandwidth\n",
                fmt_bytes(bytes).c_str(), bps / 1e9, 100 * bw_ratio);
+  const double paged_ratio = paged.bytes_per_s > 0 ? bps / paged.bytes_per_s : 0;
+  if (paged.bytes_per_s > 0)
+    std::fprintf(txt, "  bytes: %.1f%% of the paged read of the same blocks\n", 100 * paged_ratio);
   if (flops > 0)
     std::fprintf(txt, "  flops: %.3g per call (%s) -> %.1f GFLOP/s = %.1f%% of sgemm\n", flops,
                  flop_formula.c_str(), fps / 1e9, 100 * gemm_ratio);
@@ -626,13 +662,14 @@ int main(int argc, char** argv) {
         "\"floor_bytes_s\":%.6g,\"floor_flops_s\":%.6g,\"tokens_per_s\":%.6g,"
         "\"baseline_median_s\":%.9g,\"baseline_iters\":%d,\"speedup\":%.4f,"
         "\"max_rel_diff_vs_baseline\":%.3g,\"llc_bytes\":%zu,\"bw_ratio_best\":%.4f,"
-        "\"gemm_ratio_best\":%.4f,\"cpu_share\":%.3f}\n",
+        "\"gemm_ratio_best\":%.4f,\"cpu_share\":%.3f,\"paged_read_bw\":%.6g,"
+        "\"paged_ratio\":%.4f}\n",
         o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs, B,
         o.context, o.query, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt), o.layout.c_str(),
         L, o.iters, o.warmup, med, st.min, st.p25, st.p75, st.max, bytes, bps, flops,
         flop_formula.c_str(), fps, bw.bytes_per_s, gemm.flops_per_s, bgemm.flops_per_s,
         bw_ratio, gemm_ratio, t_bytes, t_flops, tps, bst.median, bst.n, speedup, max_rel_err,
-        llc, bw_ratio_best, gemm_ratio_best, cpu_share);
+        llc, bw_ratio_best, gemm_ratio_best, cpu_share, paged.bytes_per_s, paged_ratio);
   }
 
   pagedattn_kv_cache_destroy(cache);
