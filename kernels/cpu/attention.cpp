@@ -1339,34 +1339,53 @@ constexpr int dp_slot(int R, int r, int b) {
   return 4 * (lane & 3) + (lane >> 2);
 }
 
-// The next tile's rows, prefetched into L2 a few lines per compute step so the requests stream
-// evenly behind the work, each row in address order (a multi-head item's row is a whole slot
-// row: one contiguous run).
+// The next tile's memory, prefetched into L2 a few lines per compute step so the requests stream
+// evenly behind the work, each span in address order: one span per key row (a multi-head item's
+// row of an NHD cache is one contiguous run), or, where an item reads (nearly) all of each
+// block, one span per block.
 struct PfStream {
-  const void* const* rows = nullptr;
-  int n = 0;      // rows
-  int lines = 0;  // cache lines per row
-  int quota = 0;  // lines per step
-  int k = 0, line = 0;
-  void start(const void* const* r, int nrows, int64_t row_bytes, int64_t steps) {
-    rows = r;
+  const char* ptr[kKeyTile];
+  int lines[kKeyTile];
+  int n = 0, quota = 0, k = 0, line = 0;
+  // Spans of row_bytes at rows[0, nrows).
+  void rows(const void* const* r, int nrows, int64_t row_bytes) {
     n = nrows;
-    lines = static_cast<int>((row_bytes + 63) / 64);
+    for (int i = 0; i < n; ++i) {
+      ptr[i] = static_cast<const char*>(r[i]);
+      lines[i] = static_cast<int>((row_bytes + 63) / 64);
+    }
+  }
+  // One span per block for keys [pos0, pos0 + nrows) (rows r of the item's first head): from a
+  // block's first row to its last row's end, span_extra bytes past the last row's start.
+  void blocks(const void* const* r, int nrows, int64_t pos0, int bs, int64_t slot_bytes,
+              int64_t span_extra) {
+    n = 0;
+    for (int i = 0; i < nrows;) {
+      const int s0 = static_cast<int>((pos0 + i) & (bs - 1));
+      const int cnt = std::min(bs - s0, nrows - i);
+      ptr[n] = static_cast<const char*>(r[i]);
+      lines[n++] = static_cast<int>(((cnt - 1) * slot_bytes + span_extra + 63) / 64);
+      i += cnt;
+    }
+  }
+  // Spreads the spans' lines over `steps` calls of step().
+  void plan(int64_t steps) {
     k = line = 0;
-    const int64_t total = static_cast<int64_t>(n) * lines;
+    int64_t total = 0;
+    for (int i = 0; i < n; ++i) total += lines[i];
     quota = static_cast<int>(steps > 0 ? (total + steps - 1) / steps : total);
   }
   HWY_INLINE void step() {
     for (int m = quota; m > 0 && k < n; --m) {
-      __builtin_prefetch(static_cast<const char*>(rows[k]) + 64 * line, 0, 2);
-      if (++line == lines) {
+      __builtin_prefetch(ptr[k] + 64 * line, 0, 2);
+      if (++line == lines[k]) {
         line = 0;
         ++k;
       }
     }
   }
   void flush() {
-    quota = n * lines;
+    quota = 1 << 30;
     step();
   }
 };
@@ -1557,9 +1576,17 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   for (int b = 0; b < 2; ++b)
     for (int k = 0; k < kKeyTile; ++k) ptrs[b][0][k] = ptrs[b][1][k] = kZeroRow;
   int cur = 0;
-  // Prefetched span of a key: its rows of all the item's heads (contiguous when kvn > 1).
-  const int64_t row_bytes = static_cast<int64_t>(kvn) * D * static_cast<int64_t>(esz);
+  // Prefetched span of a key: its rows of all the item's heads (contiguous when kvn > 1 on an
+  // NHD cache). Or, where a block's span of the item's heads is nearly all data the item reads
+  // (all heads of any layout, one head of HND), whole blocks.
+  const int64_t row_bytes = (it.kv.head_stride == D ? kvn : 1) * D * static_cast<int64_t>(esz);
   const int64_t head_bytes = it.kv.head_stride * static_cast<int64_t>(esz);
+  const int64_t slot_bytes = it.kv.slot_stride * static_cast<int64_t>(esz);
+  const int64_t span_extra = (kvn - 1) * head_bytes + D * static_cast<int64_t>(esz);
+  const int bs = it.kv.table != nullptr ? it.kv.block_size : 1;
+  const bool block_spans = it.kv.table != nullptr &&
+                           4 * ((bs - 1) * slot_bytes + span_extra) <=
+                               5 * static_cast<int64_t>(bs) * kvn * D * static_cast<int64_t>(esz);
   const void* hptr[kKeyTile];  // one head's row addresses (kvn > 1)
   // Row addresses of head h (0: the item's first) of keys [0, n); padding keeps the zero row.
   auto head_rows = [&](const void* const* base, int h, int n) -> const void* const* {
@@ -1572,9 +1599,15 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   if (kbeg < kend) {
     const int n0 = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kbeg));
     key_ptrs(it, kbeg, n0, ptrs[0][0], ptrs[0][1], 0);
-    const TilePrefetch first_k{ptrs[0][0], n0, row_bytes}, first_v{ptrs[0][1], n0, row_bytes};
-    prefetch_rows(&first_k, 0, n0);
-    prefetch_rows(&first_v, 0, n0);
+    PfStream first;
+    for (int kv = 0; kv < 2; ++kv) {
+      if (block_spans)
+        first.blocks(ptrs[0][kv], n0, kbeg, bs, slot_bytes, span_extra);
+      else
+        first.rows(ptrs[0][kv], n0, row_bytes);
+      first.plan(1);
+      first.flush();
+    }
   }
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
@@ -1589,8 +1622,14 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     }
     // The next tile's K streams in during these scores, its V during this P.V.
     PfStream pf;
-    pf.start(ptrs[cur ^ 1][0], next_n, row_bytes,
-             static_cast<int64_t>(kvn) * ((G_s + 3) / 4) * (nk16 / 4));
+    auto stream = [&](const void* const* r) {
+      if (block_spans)
+        pf.blocks(r, next_n, kt0 + kKeyTile, it.kv.block_size, slot_bytes, span_extra);
+      else
+        pf.rows(r, next_n, row_bytes);
+    };
+    stream(ptrs[cur ^ 1][0]);
+    pf.plan(static_cast<int64_t>(kvn) * ((G_s + 3) / 4) * (nk16 / 4));
     for (int h = 0; h < kvn; ++h) {
       const void* const* kh = head_rows(kptr, h, nk16);
       int r = h * G;
@@ -1603,8 +1642,8 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
         dp_score_rows<DT, 1>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L);
     }
     pf.flush();
-    pf.start(ptrs[cur ^ 1][1], next_n, row_bytes,
-             static_cast<int64_t>(kvn) * ((G + 3) / 4) * ((D + 63) / 64) * (nk16 / 2));
+    stream(ptrs[cur ^ 1][1]);
+    pf.plan(static_cast<int64_t>(kvn) * ((G + 3) / 4) * ((D + 63) / 64) * (nk16 / 2));
     cur ^= 1;
     if (!softmax_tile(it, sc, kt0, nk, plain, D, sfac, true)) {
       pf.flush();

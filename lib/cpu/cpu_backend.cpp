@@ -169,16 +169,19 @@ Shape shape_of(const Backend* b, const pa_forward_args& a) {
   s.head_chunks = (s.group + s.heads_per_item - 1) / s.heads_per_item;
   s.tokens_per_item = std::max(1, kMaxRows / s.heads_per_item);
   s.kv_per_item = 1;
-  // Decode over a cache whose heads are contiguous (NHD): an item that takes every KV head reads
-  // whole slot rows (Hkv x D elements in a row) instead of Hkv scattered head rows, which the
-  // memory system serves far faster. Only where the kernels read several heads at once.
+  // Decode items that take several KV heads read whole runs of a block instead of one head's
+  // scattered rows, which the memory system serves far faster: whole slot rows of an NHD cache
+  // (heads contiguous), or whole blocks of any layout when one item takes every KV head. Only
+  // where the kernels read several heads at once.
   const pa_batch& bt = *a.batch;
+  const bool nhd = a.cache != nullptr && a.cache->head_stride == a.head_size &&
+                   a.cache->slot_stride == static_cast<int64_t>(a.num_kv_heads) * a.head_size;
+  const bool all_heads_fit = static_cast<int64_t>(a.num_kv_heads) * s.group <= kMaxRows;
   if (a.num_kv_heads > 1 && a.cache != nullptr && s.group <= kMaxRows &&
       (s.group % 4 == 0 || s.group <= 2) &&
       (a.attention_type == PAGEDATTN_ATTENTION_DECODER ||
        a.attention_type == PAGEDATTN_ATTENTION_CROSS) &&
-      a.cache->head_stride == a.head_size &&
-      a.cache->slot_stride == static_cast<int64_t>(a.num_kv_heads) * a.head_size) {
+      (nhd || all_heads_fit)) {
     for (int32_t i = 0; i < bt.num_seqs; ++i) {
       if (bt.query_lens[i] != 1) continue;
       AttnItem proto;
