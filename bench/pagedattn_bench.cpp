@@ -671,13 +671,14 @@ int main(int argc, char** argv) {
         "\"baseline_median_s\":%.9g,\"baseline_iters\":%d,\"speedup\":%.4f,"
         "\"max_rel_diff_vs_baseline\":%.3g,\"llc_bytes\":%zu,\"bw_ratio_best\":%.4f,"
         "\"gemm_ratio_best\":%.4f,\"cpu_share\":%.3f,\"paged_read_bw\":%.6g,"
-        "\"paged_ratio\":%.4f}\n",
+        "\"paged_ratio\":%.4f,\"cpu_target\":\"%s\"}\n",
         o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs, B,
         o.context, o.query, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt), o.layout.c_str(),
         L, o.iters, o.warmup, med, st.min, st.p25, st.p75, st.max, bytes, bps, flops,
         flop_formula.c_str(), fps, bw.bytes_per_s, gemm.flops_per_s, bgemm.flops_per_s,
         bw_ratio, gemm_ratio, t_bytes, t_flops, tps, bst.median, bst.n, speedup, max_rel_err,
-        llc, bw_ratio_best, gemm_ratio_best, cpu_share, paged.bytes_per_s, paged_ratio);
+        llc, bw_ratio_best, gemm_ratio_best, cpu_share, paged.bytes_per_s, paged_ratio,
+        getenv("PAGEDATTN_CPU_TARGET") ? getenv("PAGEDATTN_CPU_TARGET") : "default");
   }
 
   pagedattn_kv_cache_destroy(cache);

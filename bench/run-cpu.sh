@@ -14,18 +14,29 @@ export PAGEDATTN_PLUGIN_PATH=$build/kernels/onednn${PAGEDATTN_PLUGIN_PATH:+:$PAG
 mkdir -p "$out"
 : > "$out/records.jsonl"
 
-run() {  # name, then the bench flags
+run() {  # name, then the bench flags; $target (if set) forces the CPU SIMD target
   name=$1
   shift
-  echo "== $name: pagedattn-bench $*"
-  "$bench" --json "$@" 2> "$out/$name.txt" >> "$out/records.jsonl" || {
+  echo "== $name: ${target:+PAGEDATTN_CPU_TARGET=$target }pagedattn-bench $*"
+  env ${target:+PAGEDATTN_CPU_TARGET=$target} "$bench" --json "$@" 2> "$out/$name.txt" \
+      >> "$out/records.jsonl" || {
     cat "$out/$name.txt"; echo "run-cpu.sh: $name failed" >&2; exit 1; }
   cat "$out/$name.txt"
 }
+target=
 
 common="--heads 32 --kv-heads 8 --head-size 128 --block-size 16"
 run decode-bf16      --mode decode --batch 16 --context 4096 $common --dtype bf16 --cache-dtype bf16
 run decode-fp8       --mode decode --batch 16 --context 4096 $common --dtype bf16 --cache-dtype fp8_e4m3
+run decode-bf16-hnd  --mode decode --batch 16 --context 4096 $common --dtype bf16 --layout hnd
+run decode-fp8-hnd   --mode decode --batch 16 --context 4096 $common --dtype bf16 --cache-dtype fp8_e4m3 \
+                     --layout hnd
+# The same decode without the AVX512_BF16 kernels (where the CPU has them: the before/after).
+target=AVX3_DL
+run decode-bf16-avx3dl --mode decode --batch 16 --context 4096 $common --dtype bf16 --baseline-iters 0
+run decode-fp8-avx3dl  --mode decode --batch 16 --context 4096 $common --dtype bf16 \
+                       --cache-dtype fp8_e4m3 --baseline-iters 0
+target=
 run decode-bf16-t1   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 1
 run decode-bf16-t2   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 2
 run prefill-cpu      --mode prefill --batch 4 --query 2048 $common --dtype bf16 --iters 5 --warmup 1

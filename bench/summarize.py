@@ -9,23 +9,29 @@ import sys
 
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
-    print("| mode | backend | thr | B x ctx / q | cache | median ms [min, max] | GB/s (% bw) "
-          "| GFLOP/s (% sgemm) | vs naive | tokens/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| mode | backend | thr | B x ctx / q | cache | layout | median ms [min, max] "
+          "| GB/s (% bw, % paged read) | GFLOP/s (% sgemm) | vs naive | tokens/s | cpu share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         q = 1 if r["mode"] == "decode" else r["query"]
         shape = "%d x %d / %d" % (r["batch"], r["context"], q)
         bw = "%.2f (%.0f%%)" % (r["bytes_per_s"] / 1e9, 100 * r["bw_ratio"]) if r["read_bw"] else \
             "%.2f" % (r["bytes_per_s"] / 1e9)
+        if r.get("paged_read_bw"):
+            bw = bw[:-1] + ", %.0f%%)" % (100 * r["paged_ratio"])
         fl = "-"
         if r["flops"] > 0:
             fl = "%.1f" % (r["flops_per_s"] / 1e9)
             if r["sgemm_flops"]:
                 fl += " (%.0f%%)" % (100 * r["gemm_ratio"])
         sp = "%.1fx" % r["speedup"] if r["baseline_iters"] > 0 else "-"
-        print("| %s | %s | %d | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %.0f |" % (
-            r["mode"], r["backend"], r["threads"], shape, r["cache_dtype"], r["median_s"] * 1e3,
-            r["min_s"] * 1e3, r["max_s"] * 1e3, bw, fl, sp, r["tokens_per_s"]))
+        backend = r["backend"]
+        if r.get("cpu_target", "default") != "default":
+            backend += " (%s)" % r["cpu_target"]
+        print("| %s | %s | %d | %s | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %.0f | %.0f%% |" % (
+            r["mode"], backend, r["threads"], shape, r["cache_dtype"], r["layout"],
+            r["median_s"] * 1e3, r["min_s"] * 1e3, r["max_s"] * 1e3, bw, fl, sp,
+            r["tokens_per_s"], 100 * r.get("cpu_share", 0)))
 
 
 if __name__ == "__main__":
