@@ -55,8 +55,10 @@ __global__ void cache_write_kernel(const WriteParams p) {
   const int64_t per_row = static_cast<int64_t>(p.heads) * groups;
   const int64_t total = n * per_row;
   const bool vec = p.vec8 != 0;
-  const float ks = is_fp8<CT>::value ? 1.f / p.k_scale : 1.f;
-  const float vsc = is_fp8<CT>::value ? 1.f / p.v_scale : 1.f;
+  // fp8 stores x / scale (a true division, as kernels/cpu/convert.h does: multiplying by a
+  // rounded reciprocal can land one ulp off and round to the neighbouring fp8 code).
+  const float ks = is_fp8<CT>::value ? p.k_scale : 1.f;
+  const float vsc = is_fp8<CT>::value ? p.v_scale : 1.f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / per_row;
@@ -71,11 +73,11 @@ __global__ void cache_write_kernel(const WriteParams p) {
     float f[8];
     load8_any<T>(static_cast<const T*>(p.k) + row * p.k_row + h * p.k_head + d0, f, vec);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] *= ks;
+    for (int e = 0; e < 8; ++e) f[e] = f[e] / ks;
     store8<CT>(static_cast<CT*>(p.ck) + off, f, vec);
     load8_any<T>(static_cast<const T*>(p.v) + row * p.v_row + h * p.v_head + d0, f, vec);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] *= vsc;
+    for (int e = 0; e < 8; ++e) f[e] = f[e] / vsc;
     store8<CT>(static_cast<CT*>(p.cv) + off, f, vec);
   }
 }
