@@ -188,8 +188,9 @@ gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergePar
   return gpuGetLastError();
 }
 
-// merge_states: one CTA per (row, head). Everything is read before the barrier and written
-// after it, so out may alias o1/o2 and lse_out may alias lse1/lse2.
+// merge_states: one CTA per (row, head), any head size. Each element of out is computed by the
+// thread that reads it from o1/o2, so out may alias o1 or o2 element for element; the lse values
+// are read before the barrier and written after it, so lse_out may alias lse1 or lse2.
 template <typename T>
 __global__ void merge_states_kernel(const MergeStatesParams p) {
   const int64_t row = blockIdx.x;
@@ -203,22 +204,16 @@ __global__ void merge_states_kernel(const MergeStatesParams p) {
   const T* o1 = static_cast<const T*>(p.o1) + row * p.o1_row + h * p.o1_head;
   const T* o2 = static_cast<const T*>(p.o2) + row * p.o2_row + h * p.o2_head;
   T* out = static_cast<T*>(p.out) + row * p.out_row + h * p.out_head;
-  // dim <= 256 and blockDim 128: two values per thread at most.
-  float r[2];
-  for (int j = 0; j < 2; ++j) {
-    const int d = threadIdx.x + j * blockDim.x;
-    r[j] = 0.f;
-    if (d < p.dim && ws > 0.f) {
+  for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
+    float r = 0.f;
+    if (ws > 0.f) {
       const float a = (w1 > 0.f) ? w1 * to_float(o1[d]) : 0.f;
       const float b = (w2 > 0.f) ? w2 * to_float(o2[d]) : 0.f;
-      r[j] = (a + b) / ws;
+      r = (a + b) / ws;
     }
+    out[d] = from_float<T>(r);
   }
   __syncthreads();
-  for (int j = 0; j < 2; ++j) {
-    const int d = threadIdx.x + j * blockDim.x;
-    if (d < p.dim) out[d] = from_float<T>(r[j]);
-  }
   if (threadIdx.x == 0 && p.lse_out)
     p.lse_out[row * p.lo_row + h * p.lo_head] = (ws > 0.f) ? mx + logf(ws) : -INFINITY;
 }
