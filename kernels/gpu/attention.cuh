@@ -9,6 +9,8 @@
 
 #include <math.h>
 
+#include <atomic>
+
 #include "gpu_kernels.h"
 #include "types.cuh"
 
@@ -18,6 +20,22 @@
 #endif
 
 namespace pagedattn_gpu {
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device. The attribute
+// belongs to the kernel in one device's context, so it is set once per device (bit d of `done`;
+// devices past 63 set it on every launch). No host sync and no allocation: legal inside a graph
+// capture, though the first call for a device is best made outside one (a warm-up forward).
+template <typename K>
+gpuError_t raise_smem_limit(K kernel, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  gpuError_t e = gpuGetDevice(&dev);
+  if (e != gpuSuccess) return e;
+  const uint64_t bit = (dev >= 0 && dev < 64) ? (uint64_t{1} << dev) : 0;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return gpuSuccess;
+  e = gpuFuncSetMaxDynamicSmem(kernel, bytes);
+  if (e == gpuSuccess && bit) done.fetch_or(bit, std::memory_order_acq_rel);
+  return e;
+}
 
 // Loads 8 consecutive elements at p (aligned to 8 * sizeof(T)) as floats.
 template <typename T>
@@ -563,7 +581,8 @@ gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStrea
   using L = MmaLayout<DMAX>;
   static_assert(L::kBytes <= 163 * 1024, "tile exceeds the shared memory of sm_80");
   auto kernel = attention_mma_kernel<T, KT, DMAX>;
-  static const gpuError_t attr = gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(L::kBytes));
+  static std::atomic<uint64_t> smem_set{0};
+  const gpuError_t attr = raise_smem_limit(kernel, static_cast<int>(L::kBytes), smem_set);
   if (attr != gpuSuccess) return attr;
   const int nhg = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_kv_heads * nhg));
@@ -591,8 +610,8 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
 #endif
   auto kernel = attention_kernel<T, KT, DMAX, R, NT>;
   if (smem > 48 * 1024) {
-    // Needed once per kernel; repeating it is harmless and keeps no host state.
-    static const gpuError_t attr = gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(smem));
+    static std::atomic<uint64_t> smem_set{0};
+    const gpuError_t attr = raise_smem_limit(kernel, static_cast<int>(smem), smem_set);
     if (attr != gpuSuccess) return attr;
   }
   const int nhg = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
