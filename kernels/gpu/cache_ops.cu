@@ -2,6 +2,7 @@
 #include <math.h>
 
 #include "gpu_kernels.h"
+#include "instantiations.h"
 #include "types.cuh"
 
 namespace pagedattn_gpu {
@@ -93,21 +94,25 @@ gpuError_t launch_write_t(int64_t max_rows, const WriteParams& p, gpuStream_t st
   return gpuGetLastError();
 }
 
+// Every cache type instantiations.h lists for inputs of type T (code qt).
 template <typename T>
-gpuError_t launch_write_q(int32_t ct, int64_t max_rows, const WriteParams& p, gpuStream_t stream) {
-  switch (ct) {
-    case kE4M3: return launch_write_t<T, e4m3_t>(max_rows, p, stream);
-    case kE5M2: return launch_write_t<T, e5m2_t>(max_rows, p, stream);
-    default: return launch_write_t<T, T>(max_rows, p, stream);
-  }
+gpuError_t launch_write_q(int32_t qt, int32_t ct, int64_t max_rows, const WriteParams& p,
+                          gpuStream_t stream) {
+#define PA_WRITE_CACHE(CODE, CT, ...) \
+  if (ct == (CODE)) return launch_write_t<T, CT>(max_rows, p, stream);
+  PA_GPU_CACHE_DTYPES(PA_WRITE_CACHE, qt, T, )
+#undef PA_WRITE_CACHE
+  return gpuErrorInvalidValue;
 }
 
 gpuError_t launch_cache_write(int32_t qt, int32_t ct, int64_t max_rows, const WriteParams& p,
                               gpuStream_t stream) {
   switch (qt) {
-    case kF32: return launch_write_q<float>(ct, max_rows, p, stream);
-    case kF16: return launch_write_q<f16_t>(ct, max_rows, p, stream);
-    default: return launch_write_q<bf16_t>(ct, max_rows, p, stream);
+#define PA_WRITE_DTYPE(CODE, T, ...) \
+  case CODE: return launch_write_q<T>(qt, ct, max_rows, p, stream);
+    PA_GPU_DTYPES(PA_WRITE_DTYPE, )
+#undef PA_WRITE_DTYPE
+    default: return gpuErrorInvalidValue;
   }
 }
 
@@ -181,9 +186,11 @@ gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergePar
   if (max_items <= 0) return gpuSuccess;
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_heads));
   switch (qt) {
-    case kF32: split_merge_kernel<float><<<grid, 128, 0, stream>>>(p); break;
-    case kF16: split_merge_kernel<f16_t><<<grid, 128, 0, stream>>>(p); break;
-    default: split_merge_kernel<bf16_t><<<grid, 128, 0, stream>>>(p); break;
+#define PA_MERGE_DTYPE(CODE, T, ...) \
+  case CODE: split_merge_kernel<T><<<grid, 128, 0, stream>>>(p); break;
+    PA_GPU_DTYPES(PA_MERGE_DTYPE, )
+#undef PA_MERGE_DTYPE
+    default: return gpuErrorInvalidValue;
   }
   return gpuGetLastError();
 }
@@ -222,9 +229,11 @@ gpuError_t launch_merge_states(int32_t qt, const MergeStatesParams& p, gpuStream
   if (p.rows <= 0 || p.heads <= 0) return gpuSuccess;
   dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
   switch (qt) {
-    case kF32: merge_states_kernel<float><<<grid, 128, 0, stream>>>(p); break;
-    case kF16: merge_states_kernel<f16_t><<<grid, 128, 0, stream>>>(p); break;
-    default: merge_states_kernel<bf16_t><<<grid, 128, 0, stream>>>(p); break;
+#define PA_MERGE_DTYPE(CODE, T, ...) \
+  case CODE: merge_states_kernel<T><<<grid, 128, 0, stream>>>(p); break;
+    PA_GPU_DTYPES(PA_MERGE_DTYPE, )
+#undef PA_MERGE_DTYPE
+    default: return gpuErrorInvalidValue;
   }
   return gpuGetLastError();
 }
@@ -233,9 +242,11 @@ gpuError_t launch_attention(int32_t qt, int32_t kt, bool decode, int32_t max_ite
                             const AttnParams& p, gpuStream_t stream, int* unsupported) {
   if (max_items <= 0) return gpuSuccess;
   switch (qt) {
-    case kF32: return launch_attention_f32(kt, decode, max_items, p, stream, unsupported);
-    case kF16: return launch_attention_f16(kt, decode, max_items, p, stream, unsupported);
-    default: return launch_attention_bf16(kt, decode, max_items, p, stream, unsupported);
+#define PA_ATTN_DTYPE(CODE, T, ...) \
+  case CODE: return launch_attention_t<T>(qt, kt, decode, max_items, p, stream, unsupported);
+    PA_GPU_DTYPES(PA_ATTN_DTYPE, )
+#undef PA_ATTN_DTYPE
+    default: *unsupported = 1; return gpuSuccess;
   }
 }
 
