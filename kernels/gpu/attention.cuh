@@ -9,7 +9,10 @@
 
 #include <math.h>
 
+#include <atomic>
+
 #include "gpu_kernels.h"
+#include "instantiations.h"
 #include "types.cuh"
 
 #if defined(PA_CUDA)
@@ -18,6 +21,22 @@
 #endif
 
 namespace pagedattn_gpu {
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device. The attribute
+// belongs to the kernel in one device's context, so it is set once per device (bit d of `done`;
+// devices past 63 set it on every launch). No host sync and no allocation: legal inside a graph
+// capture, though the first call for a device is best made outside one (a warm-up forward).
+template <typename K>
+gpuError_t raise_smem_limit(K kernel, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  gpuError_t e = gpuGetDevice(&dev);
+  if (e != gpuSuccess) return e;
+  const uint64_t bit = (dev >= 0 && dev < 64) ? (uint64_t{1} << dev) : 0;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return gpuSuccess;
+  e = gpuFuncSetMaxDynamicSmem(kernel, bytes);
+  if (e == gpuSuccess && bit) done.fetch_or(bit, std::memory_order_acq_rel);
+  return e;
+}
 
 // Loads 8 consecutive elements at p (aligned to 8 * sizeof(T)) as floats.
 template <typename T>
@@ -563,7 +582,8 @@ gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStrea
   using L = MmaLayout<DMAX>;
   static_assert(L::kBytes <= 163 * 1024, "tile exceeds the shared memory of sm_80");
   auto kernel = attention_mma_kernel<T, KT, DMAX>;
-  static const gpuError_t attr = gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(L::kBytes));
+  static std::atomic<uint64_t> smem_set{0};
+  const gpuError_t attr = raise_smem_limit(kernel, static_cast<int>(L::kBytes), smem_set);
   if (attr != gpuSuccess) return attr;
   const int nhg = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_kv_heads * nhg));
@@ -591,8 +611,8 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
 #endif
   auto kernel = attention_kernel<T, KT, DMAX, R, NT>;
   if (smem > 48 * 1024) {
-    // Needed once per kernel; repeating it is harmless and keeps no host state.
-    static const gpuError_t attr = gpuFuncSetMaxDynamicSmem(kernel, static_cast<int>(smem));
+    static std::atomic<uint64_t> smem_set{0};
+    const gpuError_t attr = raise_smem_limit(kernel, static_cast<int>(smem), smem_set);
     if (attr != gpuSuccess) return attr;
   }
   const int nhg = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
@@ -601,30 +621,54 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
   return gpuGetLastError();
 }
 
+// The head sizes of instantiations.h: ascending, multiples of 8, the last PA_GPU_MAX_HEAD_SIZE.
+#define PA_GPU_HEAD_ITEM(DM, ...) DM,
+constexpr int kHeadSizes[] = {PA_GPU_HEAD_SIZES(PA_GPU_HEAD_ITEM, )};
+#undef PA_GPU_HEAD_ITEM
+constexpr bool head_sizes_ok() {
+  const int n = static_cast<int>(sizeof(kHeadSizes) / sizeof(kHeadSizes[0]));
+  for (int i = 0; i < n; ++i) {
+    if (kHeadSizes[i] % 8 != 0 || (i > 0 && kHeadSizes[i] <= kHeadSizes[i - 1])) return false;
+  }
+  return kHeadSizes[n - 1] == PA_GPU_MAX_HEAD_SIZE;
+}
+static_assert(head_sizes_ok(), "PA_GPU_HEAD_SIZES must ascend in multiples of 8 and end at "
+                               "PA_GPU_MAX_HEAD_SIZE");
+
 // Picks the smallest instantiated DMAX >= head_size for cache type KT.
 template <typename T, typename KT>
 gpuError_t launch_attention_kt(bool decode, int32_t max_items, const AttnParams& p,
                                gpuStream_t stream, int* unsupported) {
-#define PA_TRY_HEAD(DM, _)                                                      \
+#define PA_TRY_HEAD(DM, ...)                                                    \
   if (p.head_size <= DM) {                                                      \
     return decode ? launch_attention_one<T, KT, DM, true>(max_items, p, stream) \
                   : launch_attention_one<T, KT, DM, false>(max_items, p, stream); \
   }
-  PA_GPU_HEAD_SIZES(PA_TRY_HEAD, 0)
+  PA_GPU_HEAD_SIZES(PA_TRY_HEAD, )
 #undef PA_TRY_HEAD
   *unsupported = 1;
   return gpuSuccess;
 }
 
+// Every cache type instantiations.h lists for queries of type T (code qt).
 template <typename T>
-gpuError_t launch_attention_t(int32_t kt, bool decode, int32_t max_items, const AttnParams& p,
-                              gpuStream_t stream, int* unsupported) {
-  switch (kt) {
-    case kE4M3: return launch_attention_kt<T, e4m3_t>(decode, max_items, p, stream, unsupported);
-    case kE5M2: return launch_attention_kt<T, e5m2_t>(decode, max_items, p, stream, unsupported);
-    default: return launch_attention_kt<T, T>(decode, max_items, p, stream, unsupported);
-  }
+gpuError_t launch_attention_t(int32_t qt, int32_t kt, bool decode, int32_t max_items,
+                              const AttnParams& p, gpuStream_t stream, int* unsupported) {
+#define PA_TRY_CACHE(CODE, KT, ...) \
+  if (kt == (CODE)) return launch_attention_kt<T, KT>(decode, max_items, p, stream, unsupported);
+  PA_GPU_CACHE_DTYPES(PA_TRY_CACHE, qt, T, )
+#undef PA_TRY_CACHE
+  *unsupported = 1;
+  return gpuSuccess;
 }
+
+// Explicit instantiation of one query type's launchers, in its own translation unit
+// (attention_<name>.cu); launch_attention (cache_ops.cu) calls them through gpu_kernels.h.
+#define PA_GPU_INSTANTIATE_ATTENTION(T)                                                     \
+  namespace pagedattn_gpu {                                                                 \
+  template gpuError_t launch_attention_t<T>(int32_t, int32_t, bool, int32_t, const AttnParams&, \
+                                            gpuStream_t, int*);                             \
+  }
 
 }  // namespace pagedattn_gpu
 

@@ -1,13 +1,6 @@
-// attention_f16.cu — attention kernels with f16 queries (one translation unit per query type so
-// the build compiles them in parallel). The instantiated sizes are listed in instantiations.h.
-#include "instantiations.h"
+// attention_f16.cu — the attention kernels of f16 queries: every head size and cache type that
+// instantiations.h lists for them (one translation unit per entry of PA_GPU_DTYPES, so the build
+// compiles the query types in parallel).
 #include "attention.cuh"
 
-namespace pagedattn_gpu {
-
-gpuError_t launch_attention_f16(int32_t kt, bool decode, int32_t max_items, const AttnParams& p,
-                              gpuStream_t stream, int* unsupported) {
-  return launch_attention_t<f16_t>(kt, decode, max_items, p, stream, unsupported);
-}
-
-}  // namespace pagedattn_gpu
+PA_GPU_INSTANTIATE_ATTENTION(f16_t)

@@ -2,6 +2,7 @@
 #include <math.h>
 
 #include "gpu_kernels.h"
+#include "instantiations.h"
 #include "types.cuh"
 
 namespace pagedattn_gpu {
@@ -55,8 +56,10 @@ __global__ void cache_write_kernel(const WriteParams p) {
   const int64_t per_row = static_cast<int64_t>(p.heads) * groups;
   const int64_t total = n * per_row;
   const bool vec = p.vec8 != 0;
-  const float ks = is_fp8<CT>::value ? 1.f / p.k_scale : 1.f;
-  const float vsc = is_fp8<CT>::value ? 1.f / p.v_scale : 1.f;
+  // fp8 stores x / scale (a true division, as kernels/cpu/convert.h does: multiplying by a
+  // rounded reciprocal can land one ulp off and round to the neighbouring fp8 code).
+  const float ks = is_fp8<CT>::value ? p.k_scale : 1.f;
+  const float vsc = is_fp8<CT>::value ? p.v_scale : 1.f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / per_row;
@@ -71,11 +74,11 @@ __global__ void cache_write_kernel(const WriteParams p) {
     float f[8];
     load8_any<T>(static_cast<const T*>(p.k) + row * p.k_row + h * p.k_head + d0, f, vec);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] *= ks;
+    for (int e = 0; e < 8; ++e) f[e] = f[e] / ks;
     store8<CT>(static_cast<CT*>(p.ck) + off, f, vec);
     load8_any<T>(static_cast<const T*>(p.v) + row * p.v_row + h * p.v_head + d0, f, vec);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] *= vsc;
+    for (int e = 0; e < 8; ++e) f[e] = f[e] / vsc;
     store8<CT>(static_cast<CT*>(p.cv) + off, f, vec);
   }
 }
@@ -91,21 +94,25 @@ gpuError_t launch_write_t(int64_t max_rows, const WriteParams& p, gpuStream_t st
   return gpuGetLastError();
 }
 
+// Every cache type instantiations.h lists for inputs of type T (code qt).
 template <typename T>
-gpuError_t launch_write_q(int32_t ct, int64_t max_rows, const WriteParams& p, gpuStream_t stream) {
-  switch (ct) {
-    case kE4M3: return launch_write_t<T, e4m3_t>(max_rows, p, stream);
-    case kE5M2: return launch_write_t<T, e5m2_t>(max_rows, p, stream);
-    default: return launch_write_t<T, T>(max_rows, p, stream);
-  }
+gpuError_t launch_write_q(int32_t qt, int32_t ct, int64_t max_rows, const WriteParams& p,
+                          gpuStream_t stream) {
+#define PA_WRITE_CACHE(CODE, CT, ...) \
+  if (ct == (CODE)) return launch_write_t<T, CT>(max_rows, p, stream);
+  PA_GPU_CACHE_DTYPES(PA_WRITE_CACHE, qt, T, )
+#undef PA_WRITE_CACHE
+  return gpuErrorInvalidValue;
 }
 
 gpuError_t launch_cache_write(int32_t qt, int32_t ct, int64_t max_rows, const WriteParams& p,
                               gpuStream_t stream) {
   switch (qt) {
-    case kF32: return launch_write_q<float>(ct, max_rows, p, stream);
-    case kF16: return launch_write_q<f16_t>(ct, max_rows, p, stream);
-    default: return launch_write_q<bf16_t>(ct, max_rows, p, stream);
+#define PA_WRITE_DTYPE(CODE, T, ...) \
+  case CODE: return launch_write_q<T>(qt, ct, max_rows, p, stream);
+    PA_GPU_DTYPES(PA_WRITE_DTYPE, )
+#undef PA_WRITE_DTYPE
+    default: return gpuErrorInvalidValue;
   }
 }
 
@@ -179,15 +186,18 @@ gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergePar
   if (max_items <= 0) return gpuSuccess;
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_heads));
   switch (qt) {
-    case kF32: split_merge_kernel<float><<<grid, 128, 0, stream>>>(p); break;
-    case kF16: split_merge_kernel<f16_t><<<grid, 128, 0, stream>>>(p); break;
-    default: split_merge_kernel<bf16_t><<<grid, 128, 0, stream>>>(p); break;
+#define PA_MERGE_DTYPE(CODE, T, ...) \
+  case CODE: split_merge_kernel<T><<<grid, 128, 0, stream>>>(p); break;
+    PA_GPU_DTYPES(PA_MERGE_DTYPE, )
+#undef PA_MERGE_DTYPE
+    default: return gpuErrorInvalidValue;
   }
   return gpuGetLastError();
 }
 
-// merge_states: one CTA per (row, head). Everything is read before the barrier and written
-// after it, so out may alias o1/o2 and lse_out may alias lse1/lse2.
+// merge_states: one CTA per (row, head), any head size. Each element of out is computed by the
+// thread that reads it from o1/o2, so out may alias o1 or o2 element for element; the lse values
+// are read before the barrier and written after it, so lse_out may alias lse1 or lse2.
 template <typename T>
 __global__ void merge_states_kernel(const MergeStatesParams p) {
   const int64_t row = blockIdx.x;
@@ -201,22 +211,16 @@ __global__ void merge_states_kernel(const MergeStatesParams p) {
   const T* o1 = static_cast<const T*>(p.o1) + row * p.o1_row + h * p.o1_head;
   const T* o2 = static_cast<const T*>(p.o2) + row * p.o2_row + h * p.o2_head;
   T* out = static_cast<T*>(p.out) + row * p.out_row + h * p.out_head;
-  // dim <= 256 and blockDim 128: two values per thread at most.
-  float r[2];
-  for (int j = 0; j < 2; ++j) {
-    const int d = threadIdx.x + j * blockDim.x;
-    r[j] = 0.f;
-    if (d < p.dim && ws > 0.f) {
+  for (int d = threadIdx.x; d < p.dim; d += blockDim.x) {
+    float r = 0.f;
+    if (ws > 0.f) {
       const float a = (w1 > 0.f) ? w1 * to_float(o1[d]) : 0.f;
       const float b = (w2 > 0.f) ? w2 * to_float(o2[d]) : 0.f;
-      r[j] = (a + b) / ws;
+      r = (a + b) / ws;
     }
+    out[d] = from_float<T>(r);
   }
   __syncthreads();
-  for (int j = 0; j < 2; ++j) {
-    const int d = threadIdx.x + j * blockDim.x;
-    if (d < p.dim) out[d] = from_float<T>(r[j]);
-  }
   if (threadIdx.x == 0 && p.lse_out)
     p.lse_out[row * p.lo_row + h * p.lo_head] = (ws > 0.f) ? mx + logf(ws) : -INFINITY;
 }
@@ -225,9 +229,11 @@ gpuError_t launch_merge_states(int32_t qt, const MergeStatesParams& p, gpuStream
   if (p.rows <= 0 || p.heads <= 0) return gpuSuccess;
   dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
   switch (qt) {
-    case kF32: merge_states_kernel<float><<<grid, 128, 0, stream>>>(p); break;
-    case kF16: merge_states_kernel<f16_t><<<grid, 128, 0, stream>>>(p); break;
-    default: merge_states_kernel<bf16_t><<<grid, 128, 0, stream>>>(p); break;
+#define PA_MERGE_DTYPE(CODE, T, ...) \
+  case CODE: merge_states_kernel<T><<<grid, 128, 0, stream>>>(p); break;
+    PA_GPU_DTYPES(PA_MERGE_DTYPE, )
+#undef PA_MERGE_DTYPE
+    default: return gpuErrorInvalidValue;
   }
   return gpuGetLastError();
 }
@@ -236,9 +242,11 @@ gpuError_t launch_attention(int32_t qt, int32_t kt, bool decode, int32_t max_ite
                             const AttnParams& p, gpuStream_t stream, int* unsupported) {
   if (max_items <= 0) return gpuSuccess;
   switch (qt) {
-    case kF32: return launch_attention_f32(kt, decode, max_items, p, stream, unsupported);
-    case kF16: return launch_attention_f16(kt, decode, max_items, p, stream, unsupported);
-    default: return launch_attention_bf16(kt, decode, max_items, p, stream, unsupported);
+#define PA_ATTN_DTYPE(CODE, T, ...) \
+  case CODE: return launch_attention_t<T>(qt, kt, decode, max_items, p, stream, unsupported);
+    PA_GPU_DTYPES(PA_ATTN_DTYPE, )
+#undef PA_ATTN_DTYPE
+    default: *unsupported = 1; return gpuSuccess;
   }
 }
 

@@ -77,15 +77,14 @@ constexpr int kPrefillRows = 64;
 
 // Launches the attention kernel for q dtype `qt` and key/value element type `kt` over `max_items`
 // work items (grid x) and num_kv_heads * ceil(group / heads_per_cta) head groups (grid y).
-// Returns gpuErrorInvalidValue-like errors through *unsupported = 1 when no kernel exists.
+// Sets *unsupported = 1 (and launches nothing) when instantiations.h lists no such kernel.
 gpuError_t launch_attention(int32_t qt, int32_t kt, bool decode, int32_t max_items,
                             const AttnParams& p, gpuStream_t stream, int* unsupported);
-gpuError_t launch_attention_f32(int32_t kt, bool decode, int32_t max_items, const AttnParams& p,
-                                gpuStream_t stream, int* unsupported);
-gpuError_t launch_attention_f16(int32_t kt, bool decode, int32_t max_items, const AttnParams& p,
-                                gpuStream_t stream, int* unsupported);
-gpuError_t launch_attention_bf16(int32_t kt, bool decode, int32_t max_items, const AttnParams& p,
-                                 gpuStream_t stream, int* unsupported);
+// The same for queries of device type T (code qt): defined in attention.cuh and instantiated
+// for each entry of PA_GPU_DTYPES in its own translation unit, attention_<name>.cu.
+template <typename T>
+gpuError_t launch_attention_t(int32_t qt, int32_t kt, bool decode, int32_t max_items,
+                              const AttnParams& p, gpuStream_t stream, int* unsupported);
 
 struct SplitMergeParams {
   const MergeItem* items;

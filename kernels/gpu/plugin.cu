@@ -20,6 +20,18 @@
 using namespace pagedattn_gpu;
 
 namespace {
+constexpr bool same_code(int32_t elem, pagedattn_dtype dt) {
+  return elem == static_cast<int32_t>(dt);
+}
+}  // namespace
+static_assert(same_code(kF32, PAGEDATTN_DTYPE_FLOAT32) &&
+                  same_code(kF16, PAGEDATTN_DTYPE_FLOAT16) &&
+                  same_code(kBF16, PAGEDATTN_DTYPE_BFLOAT16) &&
+                  same_code(kE4M3, PAGEDATTN_DTYPE_FP8_E4M3) &&
+                  same_code(kE5M2, PAGEDATTN_DTYPE_FP8_E5M2),
+              "gpu_kernels.h element codes must be the pagedattn_dtype values");
+
+namespace {
 
 void set_msg(char* msg, const char* fmt, ...) {
   if (!msg) return;
@@ -173,14 +185,16 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
                    PAGEDATTN_FEATURE_LSE | PAGEDATTN_FEATURE_MERGE_STATES |
                    PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_HOST_SWAP |
                    PAGEDATTN_FEATURE_GRAPH_CAPTURE | PAGEDATTN_FEATURE_WRAP_CACHE;
-  caps->dtypes = PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT32) |
-                 PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT16) |
-                 PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_BFLOAT16);
-  caps->cache_dtypes = caps->dtypes | PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E4M3) |
-                       PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E5M2);
+  // The dtypes and the largest head size come from instantiations.h.
+#define PA_DTYPE_BIT(CODE, ...) | PAGEDATTN_DTYPE_BIT(CODE)
+  caps->dtypes = 0u PA_GPU_DTYPES(PA_DTYPE_BIT, );
+  caps->cache_dtypes = caps->dtypes PA_GPU_FP8_DTYPES(PA_DTYPE_BIT, );
+#undef PA_DTYPE_BIT
   caps->layouts = (1u << PAGEDATTN_LAYOUT_NHD) | (1u << PAGEDATTN_LAYOUT_HND);
   caps->block_sizes = 0x1ffu;  // 1..256: tables are read per key, any power of two works
-  caps->head_sizes = 0xffffffffu;  // every multiple of 8 up to PA_GPU_MAX_HEAD_SIZE (256)
+  // Every multiple of 8 up to PA_GPU_MAX_HEAD_SIZE (bit i = head size 8 * (i + 1)).
+  caps->head_sizes = PA_GPU_MAX_HEAD_SIZE >= 256 ? 0xffffffffu
+                                                 : (1u << (PA_GPU_MAX_HEAD_SIZE / 8)) - 1u;
   caps->max_num_threads = 0;
   caps->total_memory = s->total_memory;
 }

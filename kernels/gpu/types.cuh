@@ -21,9 +21,12 @@ __device__ __forceinline__ float to_float(bf16_t x) {
   return __uint_as_float(static_cast<uint32_t>(x.bits) << 16);
 }
 // e4m3 bits shifted into a half land 8 binades low (bias 7 vs 15); subnormals come out right too.
+// e4m3fn has no infinities and one NaN per sign, S.1111.111 (0x7f / 0xff): the shift would make
+// it 480, so it is decoded to NaN explicitly (as kernels/cpu/convert.h does).
 __device__ __forceinline__ float to_float(e4m3_t x) {
   const unsigned short h = static_cast<unsigned short>((x.bits & 0x7f) << 7);
-  const float f = __half2float(__ushort_as_half(h)) * 256.0f;
+  float f = __half2float(__ushort_as_half(h)) * 256.0f;
+  if ((x.bits & 0x7f) == 0x7f) f = __uint_as_float(0x7fc00000u);
   return (x.bits & 0x80) ? -f : f;
 }
 // e5m2 is the upper byte of a half.
@@ -38,7 +41,7 @@ template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
   uint32_t u = __float_as_uint(x);
   bf16_t r;
   if ((u & 0x7fffffffu) > 0x7f800000u) {
-    r.bits = 0x7fc0;  // NaN stays NaN
+    r.bits = static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN (quiet, sign kept)
   } else {
     u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
     r.bits = static_cast<uint16_t>(u >> 16);
@@ -51,7 +54,7 @@ template <> __device__ __forceinline__ e4m3_t from_float<e4m3_t>(float x) {
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
   const uint32_t a = u & 0x7fffffffu;
   e4m3_t r;
-  if (a > 0x7f800000u) { r.bits = 0x7f; return r; }         // NaN
+  if (a > 0x7f800000u) { r.bits = static_cast<uint8_t>(sign | 0x7f); return r; }  // NaN
   const float fa = __uint_as_float(a);
   uint32_t code;
   if (fa >= 448.0f) {
@@ -71,7 +74,7 @@ template <> __device__ __forceinline__ e5m2_t from_float<e5m2_t>(float x) {
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80);
   const uint32_t a = u & 0x7fffffffu;
   e5m2_t r;
-  if (a > 0x7f800000u) { r.bits = 0x7f; return r; }
+  if (a > 0x7f800000u) { r.bits = static_cast<uint8_t>(sign | 0x7f); return r; }  // NaN
   const float fa = __uint_as_float(a);
   uint32_t code;
   if (fa >= 57344.0f) {

@@ -12,6 +12,7 @@ typedef hipError_t gpuError_t;
 typedef hipStream_t gpuStream_t;
 typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuSuccess hipSuccess
+#define gpuErrorInvalidValue hipErrorInvalidValue
 #define gpuGetDeviceCount hipGetDeviceCount
 #define gpuGetDevice hipGetDevice
 #define gpuSetDevice hipSetDevice
@@ -55,6 +56,7 @@ typedef cudaError_t gpuError_t;
 typedef cudaStream_t gpuStream_t;
 typedef cudaDeviceProp gpuDeviceProp;
 #define gpuSuccess cudaSuccess
+#define gpuErrorInvalidValue cudaErrorInvalidValue
 #define gpuGetDeviceCount cudaGetDeviceCount
 #define gpuGetDevice cudaGetDevice
 #define gpuSetDevice cudaSetDevice

@@ -1,7 +1,9 @@
 // GPU-only tests on the backend named by PAGEDATTN_TEST_BACKEND (cuda): every SPEC head size x
 // dtype x cache dtype, GQA ratios 1-8 and beyond, block sizes 8-128, split-KV decode, CUDA-graph
-// capture and replay after an in-place batch update, device <-> host swaps, and device slot
-// mappings with bad slots. Without a GPU every test prints "skipped: no GPU".
+// capture and replay after an in-place batch update (a decode step and a mixed chunked-prefill
+// step), device <-> host swaps, device slot mappings with bad slots, and the small cases that
+// scripts/gpu-check runs under compute-sanitizer. Without a GPU every test prints
+// "skipped: no GPU".
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -189,6 +191,64 @@ TEST_F(Gpu, LongChunkedPrefill) {
     c.seqs = pat::random_chunked_seqs(rng, 2 + static_cast<int>(rng() % 3), 16, 1024);
     cases.push_back(c);
   }
+  run_cases(cases, master);
+}
+
+// A few small cases that between them launch every kernel (cache write, decode whole and split
+// with its merge, scalar f32 prefill, tensor-core f16/bf16 prefill, encoder and cross tiles, fp8
+// caches, padded head sizes, GQA groups of 1 to 8): the reduced suite scripts/gpu-check runs
+// under compute-sanitizer memcheck and racecheck, kept small so neither tool can time out.
+TEST_F(Gpu, SanitizerSmallCases) {
+  const uint64_t master = pat::test_seed();
+  auto seq = [](int q, int ctx, int enc = 0) {
+    SeqSpec s;
+    s.qlen = q;
+    s.ctx = ctx;
+    s.enc = enc;
+    return s;
+  };
+  std::vector<AttnCase> cases(8);
+  // f32: decode + scalar prefill (chunk with context) + an idle entry.
+  cases[0].dtype = PAGEDATTN_DTYPE_FLOAT32;
+  cases[0].H = 4; cases[0].Hkv = 2; cases[0].D = 64;
+  cases[0].seqs = {seq(1, 20), seq(17, 5), seq(0, 0)};
+  // f16, head size 80 (a padded 128 tile), HND, block 8: tensor-core prefill and decode.
+  cases[1].dtype = PAGEDATTN_DTYPE_FLOAT16;
+  cases[1].H = 8; cases[1].Hkv = 2; cases[1].D = 80; cases[1].block_size = 8;
+  cases[1].layout = PAGEDATTN_LAYOUT_HND;
+  cases[1].seqs = {seq(1, 70), seq(33, 40)};
+  // bf16 over e4m3, group 8, one long decode: split-KV partitions and their merge.
+  cases[2].dtype = PAGEDATTN_DTYPE_BFLOAT16;
+  cases[2].cache_dtype = PAGEDATTN_DTYPE_FP8_E4M3;
+  cases[2].k_scale = 0.5f; cases[2].v_scale = 2.0f;
+  cases[2].H = 8; cases[2].Hkv = 1; cases[2].D = 128; cases[2].block_size = 32;
+  cases[2].seqs = {seq(1, 600)};
+  // bf16 over e5m2, head size 256, block 64, ALiBi and soft cap.
+  cases[3].dtype = PAGEDATTN_DTYPE_BFLOAT16;
+  cases[3].cache_dtype = PAGEDATTN_DTYPE_FP8_E5M2;
+  cases[3].H = 4; cases[3].Hkv = 4; cases[3].D = 256; cases[3].block_size = 64;
+  cases[3].alibi = true; cases[3].soft_cap = 20.f;
+  cases[3].seqs = {seq(20, 0), seq(1, 9)};
+  // f16, group 3, sliding window.
+  cases[4].dtype = PAGEDATTN_DTYPE_FLOAT16;
+  cases[4].H = 6; cases[4].Hkv = 2; cases[4].D = 64; cases[4].window = 7;
+  cases[4].seqs = {seq(25, 30), seq(1, 100)};
+  // f32 encoder (k/v read from the tensors, written to the cache too).
+  cases[5].dtype = PAGEDATTN_DTYPE_FLOAT32;
+  cases[5].type = PAGEDATTN_ATTENTION_ENCODER;
+  cases[5].H = 2; cases[5].Hkv = 1; cases[5].D = 32;
+  cases[5].seqs = {seq(9, 0), seq(1, 0)};
+  // bf16 cross attention, a decode and a first step.
+  cases[6].dtype = PAGEDATTN_DTYPE_BFLOAT16;
+  cases[6].type = PAGEDATTN_ATTENTION_CROSS;
+  cases[6].H = 4; cases[6].Hkv = 2; cases[6].D = 64;
+  cases[6].seqs = {seq(1, 3, 40), seq(5, 0, 17)};
+  // f16 strided tensors over a wrapped cache, head size 96.
+  cases[7].dtype = PAGEDATTN_DTYPE_FLOAT16;
+  cases[7].H = 4; cases[7].Hkv = 4; cases[7].D = 96;
+  cases[7].strided_io = true; cases[7].wrap_cache = true;
+  cases[7].seqs = {seq(3, 10), seq(1, 0)};
+  for (auto& c : cases) c.lse = true;
   run_cases(cases, master);
 }
 
@@ -440,6 +500,315 @@ TEST_F(Gpu, GraphCaptureDecodeReplayAfterUpdate) {
   CUDA_OK(cudaStreamDestroy(stream));
   pagedattn_batch_destroy(batch);
   pagedattn_kv_cache_destroy(cache);
+}
+
+// ---- a mixed step (chunked prefill + decodes) in a CUDA graph ----
+
+// One step of several sequences: query_len and context_len each, K/V of every position (the
+// context goes into the cache by a cache write, the new tokens through the forward's write_kv),
+// and the queries of the new tokens. Values are rounded to the model dtype.
+struct StepWorld {
+  int H = 8, Hkv = 2, D = 128, bs = 16, nb = 768, width = 64;
+  pagedattn_dtype dt = PAGEDATTN_DTYPE_BFLOAT16;
+  pagedattn_dtype cache_dt = PAGEDATTN_DTYPE_BFLOAT16;
+  std::vector<int32_t> qlen, ctx, table;
+  std::vector<std::vector<float>> k, v;  // per seq: [(ctx+qlen)][Hkv][D]
+  std::vector<std::vector<float>> q;     // per seq: [qlen][H][D]
+  int64_t tokens() const { return std::accumulate(qlen.begin(), qlen.end(), int64_t{0}); }
+};
+
+void fill_step(StepWorld& w, std::mt19937_64& rng, const std::vector<SeqSpec>& seqs) {
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<int32_t> pool(w.nb);
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  const size_t n = seqs.size();
+  w.qlen.assign(n, 0);
+  w.ctx.assign(n, 0);
+  w.table.assign(n * w.width, 0);
+  w.k.assign(n, {});
+  w.v.assign(n, {});
+  w.q.assign(n, {});
+  size_t next = 0;
+  for (size_t s = 0; s < n; ++s) {
+    w.qlen[s] = seqs[s].qlen;
+    w.ctx[s] = seqs[s].ctx;
+    const int len = w.ctx[s] + w.qlen[s];
+    const int need = (len + w.bs - 1) / w.bs;
+    ASSERT_LE(need, w.width);
+    for (int b = 0; b < need; ++b) w.table[s * w.width + b] = pool[next++];
+    const size_t kn = static_cast<size_t>(len) * w.Hkv * w.D;
+    w.k[s].resize(kn);
+    w.v[s].resize(kn);
+    for (size_t i = 0; i < kn; ++i) {
+      w.k[s][i] = pat::round_to(w.dt, u(rng));
+      w.v[s][i] = pat::round_to(w.dt, u(rng));
+    }
+    w.q[s].resize(static_cast<size_t>(w.qlen[s]) * w.H * w.D);
+    for (auto& x : w.q[s]) x = pat::round_to(w.dt, u(rng));
+  }
+}
+
+// Writes the context positions of every sequence into the cache (host slot mapping).
+void write_step_context(const StepWorld& w, pagedattn_kv_cache* cache, pagedattn_device dev) {
+  std::vector<int64_t> slots;
+  std::vector<float> kr, vr;
+  const size_t row = static_cast<size_t>(w.Hkv) * w.D;
+  for (size_t s = 0; s < w.ctx.size(); ++s)
+    for (int p = 0; p < w.ctx[s]; ++p) {
+      slots.push_back(static_cast<int64_t>(w.table[s * w.width + p / w.bs]) * w.bs + p % w.bs);
+      kr.insert(kr.end(), w.k[s].begin() + p * row, w.k[s].begin() + (p + 1) * row);
+      vr.insert(vr.end(), w.v[s].begin() + p * row, w.v[s].begin() + (p + 1) * row);
+    }
+  if (slots.empty()) return;
+  const int64_t n = static_cast<int64_t>(slots.size());
+  pat::Tensor kt(dev, w.dt, n, w.Hkv, w.D), vt(dev, w.dt, n, w.Hkv, w.D);
+  for (int64_t r = 0; r < n; ++r)
+    for (int h = 0; h < w.Hkv; ++h)
+      for (int d = 0; d < w.D; ++d) {
+        kt.set(r, h, d, kr[(r * w.Hkv + h) * w.D + d]);
+        vt.set(r, h, d, vr[(r * w.Hkv + h) * w.D + d]);
+      }
+  kt.upload();
+  vt.upload();
+  int64_t shape = 0;
+  pagedattn_tensor st = host_i64(slots, &shape);
+  ASSERT_EQ(pagedattn_kv_cache_write(cache, 0, kt.t(), vt.t(), &st, 1.f, 1.f, nullptr), PAGEDATTN_OK)
+      << pagedattn_last_error();
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+// Loads the step's queries and new-token K/V into device tensors of capacity rows (rows past
+// the step's tokens stay poisoned).
+void load_mixed_step(const StepWorld& w, pat::Tensor& q, pat::Tensor& k, pat::Tensor& v) {
+  q.poison_all();
+  k.poison_all();
+  v.poison_all();
+  int64_t row = 0;
+  for (size_t s = 0; s < w.qlen.size(); ++s)
+    for (int j = 0; j < w.qlen[s]; ++j, ++row) {
+      for (int h = 0; h < w.H; ++h)
+        for (int d = 0; d < w.D; ++d) q.set(row, h, d, w.q[s][(static_cast<size_t>(j) * w.H + h) * w.D + d]);
+      const size_t off = static_cast<size_t>(w.ctx[s] + j) * w.Hkv * w.D;
+      for (int h = 0; h < w.Hkv; ++h)
+        for (int d = 0; d < w.D; ++d) {
+          k.set(row, h, d, w.k[s][off + h * w.D + d]);
+          v.set(row, h, d, w.v[s][off + h * w.D + d]);
+        }
+    }
+  q.upload();
+  k.upload();
+  v.upload();
+}
+
+// Checks out and lse of every token against the float64 reference (K/V rounded through the
+// cache dtype as the cache holds them) and that rows past the step's tokens were not written.
+::testing::AssertionResult check_mixed(const StepWorld& w, pat::Tensor& out, pat::Tensor& lse,
+                                       int64_t cap) {
+  out.download();
+  lse.download();
+  pat::RefParams rp;
+  rp.H = w.H;
+  rp.Hkv = w.Hkv;
+  rp.D = w.D;
+  rp.scale = 1.0 / std::sqrt(static_cast<double>(w.D));
+  std::vector<double> ref, ref_lse;
+  std::vector<float> got, got_lse;
+  int64_t row = 0;
+  for (size_t s = 0; s < w.qlen.size(); ++s) {
+    const int nq = w.qlen[s];
+    if (nq == 0) continue;
+    std::vector<float> kc = w.k[s], vc = w.v[s];
+    if (pat::is_fp8(w.cache_dt)) {
+      for (auto& x : kc) x = pat::round_to(w.cache_dt, x);
+      for (auto& x : vc) x = pat::round_to(w.cache_dt, x);
+    }
+    std::vector<int64_t> qpos(nq);
+    std::iota(qpos.begin(), qpos.end(), static_cast<int64_t>(w.ctx[s]));
+    std::vector<double> o(static_cast<size_t>(nq) * w.H * w.D), l(static_cast<size_t>(nq) * w.H);
+    pat::ref_attend(rp, nq, w.q[s].data(), qpos.data(), w.ctx[s] + nq, kc.data(), vc.data(),
+                    o.data(), l.data());
+    ref.insert(ref.end(), o.begin(), o.end());
+    ref_lse.insert(ref_lse.end(), l.begin(), l.end());
+    for (int j = 0; j < nq; ++j, ++row)
+      for (int h = 0; h < w.H; ++h) {
+        for (int d = 0; d < w.D; ++d) got.push_back(out.get(row, h, d));
+        got_lse.push_back(lse.get(row, h, 0));
+      }
+  }
+  const double tol = pat::tolerance(w.dt, w.cache_dt);
+  auto r = pat::check_close("out", ref, got, tol);
+  if (!r) return r;
+  for (size_t i = 0; i < ref_lse.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(got_lse[i]) - ref_lse[i]) /
+                     std::max(1.0, std::fabs(ref_lse[i]));
+    if (std::isnan(got_lse[i]) || !(e <= 10 * tol)) {
+      return ::testing::AssertionFailure() << "lse[" << i / w.H << "][" << i % w.H << "] = "
+                                           << got_lse[i] << ", reference " << ref_lse[i];
+    }
+  }
+  for (int64_t r2 = row; r2 < cap; ++r2)
+    for (int h = 0; h < w.H; ++h) {
+      if (!std::isnan(lse.get(r2, h, 0)))
+        return ::testing::AssertionFailure() << "lse row " << r2 << " past the step was written";
+      for (int d = 0; d < w.D; ++d)
+        if (!std::isnan(out.get(r2, h, d)))
+          return ::testing::AssertionFailure() << "out row " << r2 << " past the step was written";
+    }
+  return ::testing::AssertionSuccess();
+}
+
+pagedattn_batch_desc mixed_desc(StepWorld& w) {
+  pagedattn_batch_desc desc;
+  pagedattn_batch_desc_init(&desc);
+  desc.num_seqs = static_cast<int32_t>(w.qlen.size());
+  desc.query_lens = w.qlen.data();
+  desc.context_lens = w.ctx.data();
+  desc.block_tables = w.table.data();
+  desc.block_table_stride = w.width;
+  return desc;
+}
+
+// Captures a mixed step (one chunked-prefill chunk among decodes, write_kv on, LSE out) in a
+// CUDA graph on a non-blocking stream, then replays it after pagedattn_batch_update with another
+// mix (other lengths, tables, chunk position, more sequences and an idle entry) within the
+// planned capacity. Each replay is checked against the float64 reference, and the last against
+// an uncaptured forward of the same step. The capacity (10 sequences, 1024 keys) makes the plan
+// split long decodes, so the split-KV merge is inside the graph too.
+TEST_F(Gpu, GraphCaptureMixedStepReplayAfterUpdate) {
+  if (!(caps.features & PAGEDATTN_FEATURE_GRAPH_CAPTURE)) GTEST_SKIP() << "no graph capture";
+  if (!(caps.features & PAGEDATTN_FEATURE_CHUNKED_PREFILL)) GTEST_SKIP() << "no chunked prefill";
+  const uint64_t master = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(master));
+  std::mt19937_64 rng(master ^ 0xc0ffee);
+  auto draw = [&](int lo, int hi) { return lo + static_cast<int>(rng() % (hi - lo + 1)); };
+  const struct { pagedattn_dtype dt, cache_dt; } variants[] = {
+      {PAGEDATTN_DTYPE_FLOAT16, PAGEDATTN_DTYPE_FLOAT16},
+      {PAGEDATTN_DTYPE_BFLOAT16, PAGEDATTN_DTYPE_BFLOAT16},
+      {PAGEDATTN_DTYPE_BFLOAT16, PAGEDATTN_DTYPE_FP8_E4M3}};
+  const int cap_seqs = 10;
+  const int64_t cap_tokens = 160;
+  for (const auto& var : variants) {
+    SCOPED_TRACE(std::string("dtype ") + pat::dtype_str(var.dt) + ", cache " +
+                 pat::dtype_str(var.cache_dt));
+    StepWorld w;
+    w.dt = var.dt;
+    w.cache_dt = var.cache_dt;
+    pagedattn_kv_cache* cache = make_cache(be, 1, w.nb, w.bs, w.Hkv, w.D, w.cache_dt,
+                                           PAGEDATTN_LAYOUT_NHD, 0);
+    ASSERT_NE(cache, nullptr);
+    pat::Tensor q(dev, w.dt, cap_tokens, w.H, w.D), k(dev, w.dt, cap_tokens, w.Hkv, w.D),
+        v(dev, w.dt, cap_tokens, w.Hkv, w.D), out(dev, w.dt, cap_tokens, w.H, w.D),
+        out2(dev, w.dt, cap_tokens, w.H, w.D);
+    auto lse = pat::Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, cap_tokens, w.H);
+    auto lse2 = pat::Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, cap_tokens, w.H);
+    // Descriptors of the step's rows over the capacity-sized buffers.
+    auto rows = [](pat::Tensor& t, int64_t n) {
+      t.shape[0] = n;
+      pagedattn_tensor x = *t.t();
+      x.shape = t.shape.data();
+      return x;
+    };
+
+    // Step 1: decode, decode, chunk (context > 0), decode, decode (one a first token).
+    std::vector<SeqSpec> s1(5);
+    for (auto& s : s1) { s.qlen = 1; s.ctx = draw(1, 600); }
+    s1[2].qlen = draw(40, 90);
+    s1[2].ctx = draw(30, 300);
+    s1[4].ctx = 0;
+    fill_step(w, rng, s1);
+    write_step_context(w, cache, dev);
+    load_mixed_step(w, q, k, v);
+    pagedattn_batch_desc desc = mixed_desc(w);
+    desc.max_num_seqs = cap_seqs;
+    desc.max_num_tokens = cap_tokens;
+    desc.max_blocks_per_seq = w.width;
+    desc.max_seq_len = static_cast<int64_t>(w.width) * w.bs;
+    pagedattn_batch* batch = nullptr;
+    ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &desc), PAGEDATTN_OK)
+        << pagedattn_last_error();
+    pagedattn_attention_options opts;
+    pagedattn_attention_options_init(&opts);
+    opts.num_heads = w.H;
+    opts.num_kv_heads = w.Hkv;
+    opts.head_size = w.D;
+    opts.write_kv = 1;
+
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const int64_t t1 = w.tokens();
+    pagedattn_tensor tq = rows(q, t1), tk = rows(k, t1), tv = rows(v, t1), to = rows(out, t1),
+                     tl = rows(*lse, t1);
+    // Warm-up outside the capture (kernel attributes are set on a device's first use); it also
+    // writes the step's K/V, which the replay writes again with the same values.
+    ASSERT_EQ(pagedattn_forward(be, batch, cache, 0, &opts, &tq, &tk, &tv, &to, &tl, stream),
+              PAGEDATTN_OK) << pagedattn_last_error();
+    CUDA_OK(cudaStreamSynchronize(stream));
+
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const pagedattn_status fst =
+        pagedattn_forward(be, batch, cache, 0, &opts, &tq, &tk, &tv, &to, &tl, stream);
+    CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    ASSERT_EQ(fst, PAGEDATTN_OK) << pagedattn_last_error();
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+    out.poison_all();
+    out.upload();
+    lse->poison_all();
+    lse->upload();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(check_mixed(w, out, *lse, cap_tokens)) << "first replay";
+
+    // Step 2, planned in place: 7 entries (a longer chunk first, decodes, an idle entry).
+    // The stream is idle here (synchronized above): batch_update copies on the legacy stream,
+    // which does not wait for a non-blocking stream (kernels/gpu/NOTES.md).
+    std::vector<SeqSpec> s2(7);
+    for (auto& s : s2) { s.qlen = 1; s.ctx = draw(0, 900); }
+    s2[0].qlen = draw(60, 120);
+    s2[0].ctx = draw(100, 500);
+    s2[5].qlen = 0;
+    s2[5].ctx = 0;
+    StepWorld w2 = w;
+    fill_step(w2, rng, s2);
+    write_step_context(w2, cache, dev);
+    load_mixed_step(w2, q, k, v);
+    pagedattn_batch_desc desc2 = mixed_desc(w2);
+    ASSERT_LE(w2.tokens(), cap_tokens);
+    ASSERT_EQ(pagedattn_batch_update(batch, &desc2), PAGEDATTN_OK) << pagedattn_last_error();
+    out.poison_all();
+    out.upload();
+    lse->poison_all();
+    lse->upload();
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    CUDA_OK(cudaStreamSynchronize(stream));
+    EXPECT_TRUE(check_mixed(w2, out, *lse, cap_tokens)) << "replay after update";
+
+    // The same step without a graph (write_kv stays on: it stores the same values again).
+    const int64_t t2 = w2.tokens();
+    pagedattn_tensor tq2 = rows(q, t2), tk2 = rows(k, t2), tv2 = rows(v, t2),
+                     to2 = rows(out2, t2), tl2 = rows(*lse2, t2);
+    ASSERT_EQ(pagedattn_forward(be, batch, cache, 0, &opts, &tq2, &tk2, &tv2, &to2, &tl2, stream),
+              PAGEDATTN_OK) << pagedattn_last_error();
+    CUDA_OK(cudaStreamSynchronize(stream));
+    out2.download();
+    lse2->download();
+    bool same = true;
+    for (int64_t r = 0; r < t2 && same; ++r)
+      for (int h = 0; h < w.H && same; ++h) {
+        same = lse->get(r, h, 0) == lse2->get(r, h, 0);
+        for (int d = 0; d < w.D && same; ++d) same = out.get(r, h, d) == out2.get(r, h, d);
+      }
+    EXPECT_TRUE(same) << "graph replay differs from a direct forward";
+
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(stream));
+    pagedattn_batch_destroy(batch);
+    pagedattn_kv_cache_destroy(cache);
+  }
 }
 
 // Element (id, layer, kv, slot, head, d) of a read_blocks buffer.
