@@ -114,34 +114,39 @@ BandwidthResult measure_paged_read(const PagedLayout& pl, int threads, int passe
       for (int s = t; s < ns; s += threads) {
         const int64_t keys = pl.keys[s];
         const int nb = static_cast<int>((keys + pl.block_size - 1) / pl.block_size);
-        for (int half = 0; half < 2; ++half) {
-          const char* base = static_cast<const char*>(half ? pl.v_layers[layer] : pl.k_layers[layer]);
-          auto block_at = [&](int b) {
-            return base + (size_t)pl.tables[(size_t)s * pl.table_stride + b] * pl.block_stride_bytes;
-          };
-          const size_t run_bytes = (size_t)pl.block_size * pl.slot_bytes;
-          for (int b = 0; b < 2 && b < nb; ++b)  // the first two blocks at once
-            for (int r = 0; r < pl.runs; ++r)
-              for (size_t o = 0; o < run_bytes; o += 64)
-                __builtin_prefetch(block_at(b) + r * pl.run_stride_bytes + o, 0, 2);
-          for (int b = 0; b < nb; ++b) {
-            const int64_t used = std::min<int64_t>(pl.block_size, keys - (int64_t)b * pl.block_size);
-            const size_t used_bytes = (size_t)used * pl.slot_bytes;
-            const char* blk = block_at(b);
-            const char* ahead = b + 2 < nb ? block_at(b + 2) : nullptr;
-            // Block b + 2 streams in while block b is summed, 256 bytes per 256 bytes.
+        const char* kbase = static_cast<const char*>(pl.k_layers[layer]);
+        const char* vbase = static_cast<const char*>(pl.v_layers[layer]);
+        auto block_off = [&](int b) {
+          return (size_t)pl.tables[(size_t)s * pl.table_stride + b] * pl.block_stride_bytes;
+        };
+        const size_t run_bytes = (size_t)pl.block_size * pl.slot_bytes;
+        for (int b = 0; b < 2 && b < nb; ++b)  // the first two blocks at once
+          for (int r = 0; r < pl.runs; ++r)
+            for (size_t o = 0; o < run_bytes; o += 64) {
+              __builtin_prefetch(kbase + block_off(b) + r * pl.run_stride_bytes + o, 0, 2);
+              __builtin_prefetch(vbase + block_off(b) + r * pl.run_stride_bytes + o, 0, 2);
+            }
+        // Block b's K then its V (as the kernels read them), while block b + 2's stream in, 256
+        // bytes per 256 bytes.
+        for (int b = 0; b < nb; ++b) {
+          const int64_t used = std::min<int64_t>(pl.block_size, keys - (int64_t)b * pl.block_size);
+          const size_t used_bytes = (size_t)used * pl.slot_bytes;
+          const size_t off = block_off(b);
+          const bool more = b + 2 < nb;
+          const size_t ahead = more ? block_off(b + 2) : 0;
+          for (int half = 0; half < 2; ++half) {
+            const char* base = half ? vbase : kbase;
             for (int r = 0; r < pl.runs; ++r) {
-              const char* run = blk + r * pl.run_stride_bytes;
+              const char* run = base + off + r * pl.run_stride_bytes;
+              const char* pre = base + ahead + r * pl.run_stride_bytes;
               for (size_t o = 0; o < used_bytes; o += 256) {
-                if (ahead != nullptr)
-                  for (size_t l = 0; l < 256; l += 64)
-                    __builtin_prefetch(ahead + r * pl.run_stride_bytes + o + l, 0, 2);
+                if (more)
+                  for (size_t l = 0; l < 256; l += 64) __builtin_prefetch(pre + o + l, 0, 2);
                 acc += sum_slice(reinterpret_cast<const float*>(run + o),
                                  std::min<size_t>(256, used_bytes - o) / sizeof(float));
               }
-              if (ahead != nullptr)  // the part of block b + 2 beyond this block's used slots
-                for (size_t o = used_bytes; o < run_bytes; o += 64)
-                  __builtin_prefetch(ahead + r * pl.run_stride_bytes + o, 0, 2);
+              if (more)  // the part of block b + 2 beyond this block's used slots
+                for (size_t o = used_bytes; o < run_bytes; o += 64) __builtin_prefetch(pre + o, 0, 2);
             }
           }
         }

@@ -22,7 +22,8 @@ struct BandwidthResult {
 // reading its own first-touched slice. Best of `passes` passes.
 BandwidthResult measure_read_bandwidth(size_t bytes, int threads, int passes);
 
-// The decode's own memory pattern with no arithmetic: every K and V element of each sequence's
+// The decode's own memory pattern with no arithmetic (a reference for scattered blocks, not a
+// bound): every K and V element of each sequence's
 // keys read through its block table (blocks of `block_bytes` at `block_stride_bytes`, the used
 // slots of a block as `runs` runs of `run_bytes_per_slot` x slots at `run_stride_bytes`), one
 // layer per pass rotated like the library's calls, sequences split over `threads` threads, two
