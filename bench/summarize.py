@@ -10,7 +10,7 @@ import sys
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
     print("| mode | backend | thr | B x ctx / q | cache | layout | median ms [min, max] "
-          "| GB/s (% bw, % paged read) | GFLOP/s (% sgemm) | vs naive | tokens/s | cpu share |")
+          "| GB/s (% bw, % plain block read) | GFLOP/s (% sgemm) | vs naive | tokens/s | cpu share |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         q = 1 if r["mode"] == "decode" else r["query"]
