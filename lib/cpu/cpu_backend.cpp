@@ -372,7 +372,7 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
     const int64_t base_items = plan->base_prefix[ns];
     const int64_t workers = pool.size();
     int32_t want = 1;
-    if (base_items > 0 && base_items < 4 * workers && max_keys >= 512) {
+    if (workers > 1 && base_items > 0 && base_items < 4 * workers && max_keys >= 512) {
       want = static_cast<int32_t>(std::min<int64_t>(kMaxSplits, (8 * workers + base_items - 1) /
                                                                     base_items));
     }
