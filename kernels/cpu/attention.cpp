@@ -533,9 +533,109 @@ HWY_INLINE void wide_accumulate(float* HWY_RESTRICT accT, const float* HWY_RESTR
   }
 }
 
-void AttentionItemWide(const AttnItem& it, Scratch* sc) {
+// First and last (inclusive) key token t of the item may see: causal rule and sliding window.
+HWY_INLINE int64_t item_row_lo(const AttnItem& it, int t) {
+  if (!it.causal || it.window <= 0) return 0;
+  return std::max<int64_t>(0, static_cast<int64_t>(it.pos_offset) + it.tok0 + t - it.window + 1);
+}
+HWY_INLINE int64_t item_row_hi(const AttnItem& it, int t) {
+  if (!it.causal) return it.num_keys - 1;
+  return std::min<int64_t>(it.num_keys - 1, static_cast<int64_t>(it.pos_offset) + it.tok0 + t);
+}
+
+// Key range and masking data of the row-vectorised paths' rows [0, Rp): per row its visible keys
+// [lo, hi], position and ALiBi slope, m = -inf, l = 0; padding rows see nothing.
+struct WideRows {
+  int64_t kbeg, kend;      // keys any row sees
+  int32_t max_lo, min_hi;  // keys every row sees: [max_lo, min_hi]
+};
+
+HWY_INLINE WideRows wide_rows(const AttnItem& it, Scratch* sc, int Rp) {
+  const int nh = it.h1 - it.h0;
+  const int rows = nh * (it.tok1 - it.tok0);
+  WideRows w{it.num_keys, 0, 0, std::numeric_limits<int32_t>::max()};
+  for (int r = 0; r < Rp; ++r) {
+    sc->m[r] = -std::numeric_limits<float>::infinity();
+    sc->l[r] = 0.0f;
+    if (r >= rows) {
+      sc->lo[r] = std::numeric_limits<int32_t>::max();
+      sc->hi[r] = -1;
+      sc->posf[r] = sc->slope[r] = 0.0f;
+      continue;
+    }
+    const int t = r / nh, g = r % nh;
+    const int64_t lo = std::max(it.key0, item_row_lo(it, t));
+    const int64_t hi = std::min(it.key1 - 1, item_row_hi(it, t));
+    sc->lo[r] = static_cast<int32_t>(lo);
+    sc->hi[r] = static_cast<int32_t>(hi);
+    sc->posf[r] = static_cast<float>(static_cast<int64_t>(it.pos_offset) + it.tok0 + t);
+    sc->slope[r] = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
+    w.kbeg = std::min(w.kbeg, lo);
+    w.kend = std::max(w.kend, hi + 1);
+    w.max_lo = std::max(w.max_lo, sc->lo[r]);
+    w.min_hi = std::min(w.min_hi, sc->hi[r]);
+  }
+  return w;
+}
+
+// Row-vectorised masking of one key tile for row vector o (N rows): scores times sfac, soft cap,
+// ALiBi, causal/window visibility (-inf outside); returns the tile's max per row. full: every
+// row sees every key of the tile and nothing is added (scale only).
+HWY_INLINE hn::Vec<DF> wide_mask_max(const AttnItem& it, Scratch* sc, int64_t kt0, int nk, int Rp,
+                                     size_t o, bool full, float sfac) {
   const DF d;
   const hn::RebindToSigned<DF> di;
+  const auto ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto vsfac = hn::Set(d, sfac);
+  auto mt = ninf;
+  if (full) {
+    for (int k = 0; k < nk; ++k) {
+      float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
+      auto x = hn::Load(d, sp);
+      if (sfac != 1.0f) {
+        x = hn::Mul(x, vsfac);
+        hn::Store(x, d, sp);
+      }
+      mt = hn::Max(mt, x);
+    }
+    return mt;
+  }
+  const auto lo = hn::Load(di, sc->lo + o), hi = hn::Load(di, sc->hi + o);
+  const auto posf = hn::Load(d, sc->posf + o), slope = hn::Load(d, sc->slope + o);
+  const auto cap = hn::Set(d, it.soft_cap);
+  const auto inv_cap = hn::Set(d, it.soft_cap > 0.0f ? 1.0f / it.soft_cap : 0.0f);
+  for (int k = 0; k < nk; ++k) {
+    float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
+    auto x = hn::Load(d, sp);
+    if (sfac != 1.0f) x = hn::Mul(x, vsfac);
+    if (it.soft_cap > 0.0f) x = hn::Mul(cap, hn::Tanh(d, hn::Mul(x, inv_cap)));
+    if (it.alibi != nullptr)
+      x = hn::MulAdd(slope, hn::Sub(hn::Set(d, static_cast<float>(kt0 + k)), posf), x);
+    const auto kp = hn::Set(di, static_cast<int32_t>(kt0 + k));
+    const auto vis = hn::RebindMask(d, hn::And(hn::Not(hn::Lt(kp, lo)), hn::Not(hn::Lt(hi, kp))));
+    x = hn::IfThenElse(vis, x, ninf);
+    hn::Store(x, d, sp);
+    mt = hn::Max(mt, x);
+  }
+  return mt;
+}
+
+// The new running max of row vector o given the tile's max mt: stores m and alpha (the factor
+// for the old accumulators) and returns the value to subtract before exp (0 for rows that have
+// seen nothing yet, so exp gives 0 rather than NaN).
+HWY_INLINE hn::Vec<DF> wide_new_max(Scratch* sc, size_t o, hn::Vec<DF> mt) {
+  const DF d;
+  const auto ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto mold = hn::Load(d, sc->m + o);
+  const auto mnew = hn::Max(mold, mt);
+  const auto msafe = hn::IfThenElse(hn::Eq(mnew, ninf), hn::Zero(d), mnew);
+  hn::Store(mnew, d, sc->m + o);
+  hn::Store(hn::Exp(d, hn::Sub(mold, msafe)), d, sc->alpha + o);
+  return msafe;
+}
+
+void AttentionItemWide(const AttnItem& it, Scratch* sc) {
+  const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
   const int D = it.head_size;
   const int Dp = (D + N - 1) / N * N;
@@ -550,35 +650,9 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
   float* accT = sc->acc;
 
   // Per-row data; padding rows see nothing.
-  int64_t kbeg = it.num_keys, kend = 0;
-  int32_t max_lo = 0, min_hi = std::numeric_limits<int32_t>::max();
-  for (int r = 0; r < Rp; ++r) {
-    sc->m[r] = kNegInf;
-    sc->l[r] = 0.0f;
-    if (r >= rows) {
-      sc->lo[r] = std::numeric_limits<int32_t>::max();
-      sc->hi[r] = -1;
-      sc->posf[r] = sc->slope[r] = 0.0f;
-      continue;
-    }
-    const int t = r / nh, g = r % nh;
-    const int64_t pos = static_cast<int64_t>(it.pos_offset) + it.tok0 + t;
-    int64_t lo = 0, hi = it.num_keys - 1;
-    if (it.causal) {
-      hi = std::min(hi, pos);
-      if (it.window > 0) lo = std::max<int64_t>(0, pos - it.window + 1);
-    }
-    lo = std::max(lo, it.key0);
-    hi = std::min(hi, it.key1 - 1);
-    sc->lo[r] = static_cast<int32_t>(lo);
-    sc->hi[r] = static_cast<int32_t>(hi);
-    sc->posf[r] = static_cast<float>(pos);
-    sc->slope[r] = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
-    kbeg = std::min(kbeg, lo);
-    kend = std::max(kend, hi + 1);
-    max_lo = std::max(max_lo, sc->lo[r]);
-    min_hi = std::min(min_hi, sc->hi[r]);
-  }
+  const WideRows wr = wide_rows(it, sc, Rp);
+  const int64_t kbeg = wr.kbeg, kend = wr.kend;
+  const int32_t max_lo = wr.max_lo, min_hi = wr.min_hi;
   // qT (times the scale) and accT, zero padded.
   memset(qT, 0, sizeof(float) * static_cast<size_t>(D) * Rp);
   memset(accT, 0, sizeof(float) * static_cast<size_t>(D) * Rp);
@@ -610,36 +684,9 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
     }
     // Masks, cap, ALiBi; online softmax per row vector.
     const bool full = plain && max_lo <= kt0 && kt0 + nk - 1 <= min_hi;
-    const auto ninf = hn::Set(d, kNegInf);
     for (int v = 0; v < Rv; ++v) {
       const size_t o = static_cast<size_t>(v) * N;
-      auto mt = ninf;
-      if (full) {
-        for (int k = 0; k < nk; ++k) mt = hn::Max(mt, hn::Load(d, sc->s + static_cast<size_t>(k) * Rp + o));
-      } else {
-        const auto lo = hn::Load(di, sc->lo + o), hi = hn::Load(di, sc->hi + o);
-        const auto posf = hn::Load(d, sc->posf + o), slope = hn::Load(d, sc->slope + o);
-        const auto cap = hn::Set(d, it.soft_cap), inv_cap = hn::Set(d, it.soft_cap > 0.0f ? 1.0f / it.soft_cap : 0.0f);
-        for (int k = 0; k < nk; ++k) {
-          float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
-          auto x = hn::Load(d, sp);
-          if (it.soft_cap > 0.0f) x = hn::Mul(cap, hn::Tanh(d, hn::Mul(x, inv_cap)));
-          if (it.alibi != nullptr)
-            x = hn::MulAdd(slope, hn::Sub(hn::Set(d, static_cast<float>(kt0 + k)), posf), x);
-          const auto kp = hn::Set(di, static_cast<int32_t>(kt0 + k));
-          const auto vis = hn::RebindMask(d, hn::And(hn::Not(hn::Lt(kp, lo)), hn::Not(hn::Lt(hi, kp))));
-          x = hn::IfThenElse(vis, x, ninf);
-          hn::Store(x, d, sp);
-          mt = hn::Max(mt, x);
-        }
-      }
-      const auto mold = hn::Load(d, sc->m + o);
-      const auto mnew = hn::Max(mold, mt);
-      // A row that has seen nothing yet keeps m = -inf; subtract 0 instead so exp gives 0.
-      const auto msafe = hn::IfThenElse(hn::Eq(mnew, ninf), hn::Zero(d), mnew);
-      const auto alpha = hn::Exp(d, hn::Sub(mold, msafe));
-      hn::Store(mnew, d, sc->m + o);
-      hn::Store(alpha, d, sc->alpha + o);
+      const auto msafe = wide_new_max(sc, o, wide_mask_max(it, sc, kt0, nk, Rp, o, full, 1.0f));
       auto sum = hn::Zero(d);
       for (int k = 0; k < nk; ++k) {
         float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
@@ -647,7 +694,7 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
         hn::Store(p, d, sp);
         sum = hn::Add(sum, p);
       }
-      hn::Store(hn::MulAdd(hn::Load(d, sc->l + o), alpha, sum), d, sc->l + o);
+      hn::Store(hn::MulAdd(hn::Load(d, sc->l + o), hn::Load(d, sc->alpha + o), sum), d, sc->l + o);
     }
     // Rescale the accumulators by alpha (rows whose max moved).
     for (int x = 0; x < D; ++x) {
@@ -976,16 +1023,6 @@ HWY_INLINE void accumulate_fast(float* acc, int rows, int D, const float* p,
     case 1: acc_group<DT, 1>(acc + r * D, D, p + r * kKeyTile, vp, nk, pf); break;
     default: break;
   }
-}
-
-// First and last (inclusive) key token t of the item may see: causal rule and sliding window.
-HWY_INLINE int64_t item_row_lo(const AttnItem& it, int t) {
-  if (!it.causal || it.window <= 0) return 0;
-  return std::max<int64_t>(0, static_cast<int64_t>(it.pos_offset) + it.tok0 + t - it.window + 1);
-}
-HWY_INLINE int64_t item_row_hi(const AttnItem& it, int t) {
-  if (!it.causal) return it.num_keys - 1;
-  return std::min<int64_t>(it.num_keys - 1, static_cast<int64_t>(it.pos_offset) + it.tok0 + t);
 }
 
 // Rounds p[0, n) (finite, >= 0; n a multiple of N) to bf16 values, to nearest even, in place;
@@ -1798,30 +1835,9 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   uint32_t* pT2 = reinterpret_cast<uint32_t*>(sc->kt) + kKeyTile * kMaxHeadSize / 2;
   uint32_t* vt2 = reinterpret_cast<uint32_t*>(sc->vt);
 
-  int64_t kbeg = it.num_keys, kend = 0;
-  int32_t max_lo = 0, min_hi = std::numeric_limits<int32_t>::max();
-  for (int r = 0; r < Rp; ++r) {
-    sc->m[r] = kNegInf;
-    sc->l[r] = 0.0f;
-    if (r >= rows) {
-      sc->lo[r] = std::numeric_limits<int32_t>::max();
-      sc->hi[r] = -1;
-      sc->posf[r] = sc->slope[r] = 0.0f;
-      continue;
-    }
-    const int t = r / nh, g = r % nh;
-    const int64_t pos = static_cast<int64_t>(it.pos_offset) + it.tok0 + t;
-    const int64_t lo = std::max(it.key0, item_row_lo(it, t));
-    const int64_t hi = std::min(it.key1 - 1, item_row_hi(it, t));
-    sc->lo[r] = static_cast<int32_t>(lo);
-    sc->hi[r] = static_cast<int32_t>(hi);
-    sc->posf[r] = static_cast<float>(pos);
-    sc->slope[r] = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
-    kbeg = std::min(kbeg, lo);
-    kend = std::max(kend, hi + 1);
-    max_lo = std::max(max_lo, sc->lo[r]);
-    min_hi = std::min(min_hi, sc->hi[r]);
-  }
+  const WideRows wr = wide_rows(it, sc, Rp);
+  const int64_t kbeg = wr.kbeg, kend = wr.kend;
+  const int32_t max_lo = wr.max_lo, min_hi = wr.min_hi;
   // qT2 (bf16 pairs of dims; the scale goes on the scores) and accT, zero padded.
   memset(qT2, 0, sizeof(uint32_t) * static_cast<size_t>(D / 2) * Rp);
   memset(accT, 0, sizeof(float) * static_cast<size_t>(D) * Rp);
@@ -1879,42 +1895,10 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
     // Scale, masks, cap, ALiBi; online softmax per row vector; weights rounded to bf16 and
     // interleaved in key pairs.
     const bool full = plain && max_lo <= kt0 && kt0 + nk - 1 <= min_hi;
-    const auto ninf = hn::Set(d, kNegInf);
-    const auto vsfac = hn::Set(d, sfac);
     const int npair = (nk + 1) / 2;
     for (int v = 0; v < Rv; ++v) {
       const size_t o = static_cast<size_t>(v) * 16;
-      auto mt = ninf;
-      if (full) {
-        for (int k = 0; k < nk; ++k) {
-          float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
-          const auto x = hn::Mul(hn::Load(d, sp), vsfac);
-          hn::Store(x, d, sp);
-          mt = hn::Max(mt, x);
-        }
-      } else {
-        const auto lo = hn::Load(di, sc->lo + o), hi = hn::Load(di, sc->hi + o);
-        const auto posf = hn::Load(d, sc->posf + o), slope = hn::Load(d, sc->slope + o);
-        const auto cap = hn::Set(d, it.soft_cap), inv_cap = hn::Set(d, it.soft_cap > 0.0f ? 1.0f / it.soft_cap : 0.0f);
-        for (int k = 0; k < nk; ++k) {
-          float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
-          auto x = hn::Mul(hn::Load(d, sp), vsfac);
-          if (it.soft_cap > 0.0f) x = hn::Mul(cap, hn::Tanh(d, hn::Mul(x, inv_cap)));
-          if (it.alibi != nullptr)
-            x = hn::MulAdd(slope, hn::Sub(hn::Set(d, static_cast<float>(kt0 + k)), posf), x);
-          const auto kpos = hn::Set(di, static_cast<int32_t>(kt0 + k));
-          const auto vis = hn::RebindMask(d, hn::And(hn::Not(hn::Lt(kpos, lo)), hn::Not(hn::Lt(hi, kpos))));
-          x = hn::IfThenElse(vis, x, ninf);
-          hn::Store(x, d, sp);
-          mt = hn::Max(mt, x);
-        }
-      }
-      const auto mold = hn::Load(d, sc->m + o);
-      const auto mnew = hn::Max(mold, mt);
-      const auto msafe = hn::IfThenElse(hn::Eq(mnew, ninf), hn::Zero(d), mnew);
-      const auto alpha = hn::Exp(d, hn::Sub(mold, msafe));
-      hn::Store(mnew, d, sc->m + o);
-      hn::Store(alpha, d, sc->alpha + o);
+      const auto msafe = wide_new_max(sc, o, wide_mask_max(it, sc, kt0, nk, Rp, o, full, sfac));
       auto sum = hn::Zero(d);
       for (int kk = 0; kk < npair; ++kk) {
         __m512i half[2];
@@ -1936,7 +1920,7 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
         _mm512_store_si512(pT2 + static_cast<size_t>(kk) * Rp + o,
                            _mm512_or_si512(half[0], _mm512_slli_epi32(half[1], 16)));
       }
-      hn::Store(hn::MulAdd(hn::Load(d, sc->l + o), alpha, sum), d, sc->l + o);
+      hn::Store(hn::MulAdd(hn::Load(d, sc->l + o), hn::Load(d, sc->alpha + o), sum), d, sc->l + o);
     }
     for (int x = 0; x < D; ++x) {
       float* ap = accT + static_cast<size_t>(x) * Rp;
@@ -2036,6 +2020,8 @@ void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
   } else if (it.head_size % static_cast<int>(hn::Lanes(DF())) != 0) {
     AttentionItemDot<-1>(it, sc);
   } else {
+    const bool fp8_quads =
+        PA_FP8_QUADS && it.head_size % (4 * static_cast<int>(hn::Lanes(DF()))) == 0;
     switch (it.kv.dtype) {
       case PAGEDATTN_DTYPE_FLOAT32: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT32>(it, sc); break;
       case PAGEDATTN_DTYPE_FLOAT16: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT16>(it, sc); break;
@@ -2047,18 +2033,12 @@ void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
         }
         break;
       case PAGEDATTN_DTYPE_FP8_E4M3:
-        if (PA_FP8_QUADS && it.head_size % (4 * static_cast<int>(hn::Lanes(DF()))) == 0) {
-          AttentionItemDot<kE4M3Quads>(it, sc);
-        } else {
-          AttentionItemDot<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc);
-        }
+        fp8_quads ? AttentionItemDot<kE4M3Quads>(it, sc)
+                  : AttentionItemDot<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc);
         break;
       case PAGEDATTN_DTYPE_FP8_E5M2:
-        if (PA_FP8_QUADS && it.head_size % (4 * static_cast<int>(hn::Lanes(DF()))) == 0) {
-          AttentionItemDot<kE5M2Quads>(it, sc);
-        } else {
-          AttentionItemDot<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc);
-        }
+        fp8_quads ? AttentionItemDot<kE5M2Quads>(it, sc)
+                  : AttentionItemDot<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc);
         break;
       default: AttentionItemDot<-1>(it, sc); break;
     }

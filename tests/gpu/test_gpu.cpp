@@ -320,16 +320,18 @@ void fill_world(DecodeWorld& w, std::mt19937_64& rng, int nseq) {
   for (auto& x : w.q) x = pat::round_to(w.dt, u(rng));
 }
 
-// Writes every context position of every sequence into the cache (host slot mapping).
-void write_context(DecodeWorld& w, pagedattn_kv_cache* cache, pagedattn_device dev) {
+// Writes every context position of every sequence of a world (DecodeWorld, StepWorld) into the
+// cache (host slot mapping).
+template <class World>
+void write_context(const World& w, pagedattn_kv_cache* cache, pagedattn_device dev) {
   std::vector<int64_t> slots;
   std::vector<float> kr, vr;
+  const size_t row = static_cast<size_t>(w.Hkv) * w.D;
   for (size_t s = 0; s < w.ctx.size(); ++s)
     for (int p = 0; p < w.ctx[s]; ++p) {
       slots.push_back(static_cast<int64_t>(w.table[s * w.width + p / w.bs]) * w.bs + p % w.bs);
-      const size_t off = static_cast<size_t>(p) * w.Hkv * w.D;
-      kr.insert(kr.end(), w.k[s].begin() + off, w.k[s].begin() + off + w.Hkv * w.D);
-      vr.insert(vr.end(), w.v[s].begin() + off, w.v[s].begin() + off + w.Hkv * w.D);
+      kr.insert(kr.end(), w.k[s].begin() + p * row, w.k[s].begin() + (p + 1) * row);
+      vr.insert(vr.end(), w.v[s].begin() + p * row, w.v[s].begin() + (p + 1) * row);
     }
   if (slots.empty()) return;
   const int64_t n = static_cast<int64_t>(slots.size());
@@ -549,35 +551,6 @@ void fill_step(StepWorld& w, std::mt19937_64& rng, const std::vector<SeqSpec>& s
   }
 }
 
-// Writes the context positions of every sequence into the cache (host slot mapping).
-void write_step_context(const StepWorld& w, pagedattn_kv_cache* cache, pagedattn_device dev) {
-  std::vector<int64_t> slots;
-  std::vector<float> kr, vr;
-  const size_t row = static_cast<size_t>(w.Hkv) * w.D;
-  for (size_t s = 0; s < w.ctx.size(); ++s)
-    for (int p = 0; p < w.ctx[s]; ++p) {
-      slots.push_back(static_cast<int64_t>(w.table[s * w.width + p / w.bs]) * w.bs + p % w.bs);
-      kr.insert(kr.end(), w.k[s].begin() + p * row, w.k[s].begin() + (p + 1) * row);
-      vr.insert(vr.end(), w.v[s].begin() + p * row, w.v[s].begin() + (p + 1) * row);
-    }
-  if (slots.empty()) return;
-  const int64_t n = static_cast<int64_t>(slots.size());
-  pat::Tensor kt(dev, w.dt, n, w.Hkv, w.D), vt(dev, w.dt, n, w.Hkv, w.D);
-  for (int64_t r = 0; r < n; ++r)
-    for (int h = 0; h < w.Hkv; ++h)
-      for (int d = 0; d < w.D; ++d) {
-        kt.set(r, h, d, kr[(r * w.Hkv + h) * w.D + d]);
-        vt.set(r, h, d, vr[(r * w.Hkv + h) * w.D + d]);
-      }
-  kt.upload();
-  vt.upload();
-  int64_t shape = 0;
-  pagedattn_tensor st = host_i64(slots, &shape);
-  ASSERT_EQ(pagedattn_kv_cache_write(cache, 0, kt.t(), vt.t(), &st, 1.f, 1.f, nullptr), PAGEDATTN_OK)
-      << pagedattn_last_error();
-  CUDA_OK(cudaDeviceSynchronize());
-}
-
 // Loads the step's queries and new-token K/V into device tensors of capacity rows (rows past
 // the step's tokens stay poisoned).
 void load_mixed_step(const StepWorld& w, pat::Tensor& q, pat::Tensor& k, pat::Tensor& v) {
@@ -717,7 +690,7 @@ TEST_F(Gpu, GraphCaptureMixedStepReplayAfterUpdate) {
     s1[2].ctx = draw(30, 300);
     s1[4].ctx = 0;
     fill_step(w, rng, s1);
-    write_step_context(w, cache, dev);
+    write_context(w, cache, dev);
     load_mixed_step(w, q, k, v);
     pagedattn_batch_desc desc = mixed_desc(w);
     desc.max_num_seqs = cap_seqs;
@@ -773,7 +746,7 @@ TEST_F(Gpu, GraphCaptureMixedStepReplayAfterUpdate) {
     s2[5].ctx = 0;
     StepWorld w2 = w;
     fill_step(w2, rng, s2);
-    write_step_context(w2, cache, dev);
+    write_context(w2, cache, dev);
     load_mixed_step(w2, q, k, v);
     pagedattn_batch_desc desc2 = mixed_desc(w2);
     ASSERT_LE(w2.tokens(), cap_tokens);
