@@ -424,3 +424,36 @@ TEST_F(Batch, CountsThatOverflow) {
                         "context_lens[0] + query_lens[0] = 2147483648 overflows int32"));
   EXPECT_EQ(b, nullptr);
 }
+
+TEST_F(Batch, CrossTableWidthOverflowRefused) {
+  // Regression: max_seq_len sizes the cross tables' rows (max_seq_len / block_size entries); a
+  // width past int32 was truncated (2^40 / 4 -> 0), the table allocated that narrow and the
+  // cross rows copied past it (a heap write, found by fuzz_batch once capacities could take
+  // any size; tests/fuzz/corpus/batch/regression-cross-stride-overflow).
+  describe({1, 1}, {0, 3}, {0, 1, 2, 3}, 2);
+  const std::vector<int32_t> enc = {2, 5};
+  const std::vector<int32_t> ctab = {4, 5, 6, 7};
+  bd.encoder_lens = enc.data();
+  bd.cross_block_tables = ctab.data();
+  bd.cross_block_table_stride = 2;
+  pagedattn_kv_cache* xc = make_cache(8, bs);
+  ASSERT_NE(xc, nullptr);
+  extra_.push_back(xc);
+  pagedattn_batch* const sentinel = reinterpret_cast<pagedattn_batch*>(0x40);
+  for (int64_t cap : {int64_t{1} << 40, int64_t{INT32_MAX} * bs + 1, int64_t{INT64_MAX}}) {
+    pagedattn_batch* b = sentinel;
+    bd.max_seq_len = cap;
+    EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, cache, xc, &bd), PAGEDATTN_ERROR_OVERFLOW,
+                          "desc->max_seq_len = " + std::to_string(cap)));
+    EXPECT_EQ(b, sentinel);
+  }
+  // A wide capacity that fits int32 is planned, the cross rows copied into it.
+  bd.max_seq_len = 4096;
+  pagedattn_batch* b = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&b, be, cache, xc, &bd), PAGEDATTN_OK) << pat::last_error();
+  const int64_t* cs = nullptr;
+  int64_t cn = 0;
+  ASSERT_EQ(pagedattn_batch_get_cross_slot_mapping(&cs, &cn, b), PAGEDATTN_OK);
+  EXPECT_EQ(std::vector<int64_t>(cs, cs + cn), (std::vector<int64_t>{16, 17}));
+  pagedattn_batch_destroy(b);
+}
