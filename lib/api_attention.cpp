@@ -229,8 +229,8 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
       if (s.dtype.code != PAGEDATTN_DLPACK_FLOAT || s.dtype.bits != 32 || s.dtype.lanes != 1)
         pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: dtype %s is not float32",
                  pa::dlpack_dtype_str(s.dtype).c_str());
-      if (s.strides && s.strides[0] != 1 && H > 1)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: stride %lld != 1",
+      if (s.strides && s.strides[0] != 1)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: innermost stride %lld != 1",
                  static_cast<long long>(s.strides[0]));
       const int64_t unit = 1;
       pa::check_extent(&s, "opts->alibi_slopes", 1, &unit, sizeof(float));

@@ -365,8 +365,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
     if (n < 0)
       pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: shape [%lld] is negative",
                static_cast<long long>(n));
-    if (sm.strides && sm.strides[0] != 1 && n > 1)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: stride %lld != 1",
+    /* tensor.h: every tensor read needs a unit innermost stride, a one-element one too. */
+    if (sm.strides && sm.strides[0] != 1)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: innermost stride %lld != 1",
                static_cast<long long>(sm.strides[0]));
     const int64_t unit = 1;
     pa::check_extent(&sm, "slot_mapping", 1, &unit, i64 ? 8 : 4);

@@ -664,6 +664,19 @@ TEST_F(CacheWrite, Refusals) {
   s.shape = s2;
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), &s, 1, 1, nullptr),
                         PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: ndim 2 != 1"));
+  // A non-unit stride is refused on a one-element slot mapping too (tensor.h: every tensor
+  // read has a unit innermost stride; fuzz_cache found one of stride 0 accepted).
+  for (int64_t bad_stride : {int64_t{0}, int64_t{3}}) {
+    pagedattn_tensor* one = slot_tensor({2});
+    int64_t one_stride[1] = {bad_stride};
+    pagedattn_tensor k1 = *k->t(), v1 = *v->t();
+    int64_t shape1[3] = {1, k->heads(), k->dim()};
+    k1.shape = v1.shape = shape1;
+    one->strides = one_stride;
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &k1, &v1, one, 1, 1, nullptr),
+                          PAGEDATTN_ERROR_BAD_TENSOR,
+                          "slot_mapping: innermost stride " + std::to_string(bad_stride) + " != 1"));
+  }
   pagedattn_tensor* shorter = slot_tensor({0, 1});
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), shorter, 1, 1, nullptr),
                         PAGEDATTN_ERROR_BAD_TENSOR, "key: shape[0] = 3 rows != slot_mapping length 2"));

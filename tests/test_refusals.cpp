@@ -295,6 +295,11 @@ TEST_F(ForwardRefusal, AlibiSlopesTensor) {
   s.dtype = {PAGEDATTN_DLPACK_FLOAT, 16, 1};
   refused("ALiBi slopes dtype", PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: dtype {code 2, bits 16, lanes 1}", [&] { return call(); });
   s = *slopes->t();
+  static int64_t stride2[1] = {2};
+  s.strides = stride2;
+  refused("ALiBi slopes stride", PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: innermost stride 2 != 1",
+          [&] { return call(); });
+  s = *slopes->t();
   s.device = other_device(dev);
   refused("ALiBi slopes device", PAGEDATTN_ERROR_WRONG_DEVICE, "opts->alibi_slopes: on " + device_str(other_device(dev)), [&] { return call(); });
 }

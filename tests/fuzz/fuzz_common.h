@@ -319,6 +319,11 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     }
   }
   const __int128 bytes = (hi - lo) * static_cast<__int128>(f.esize);
+  /* Elements, which zero strides make far more than the bytes they span: the targets visit each
+   * one (for_each_elem), so too many cannot be backed either. */
+  __int128 elems = 1;
+  if (!empty && t.shape)
+    for (int i = 0; i < n && elems <= static_cast<__int128>(max_bytes); ++i) elems *= f.shape[i];
   /* Without a readable shape no element can be located: nothing is backed. */
   const bool locatable = empty || t.shape != nullptr;
   if (!locatable) {
@@ -326,7 +331,7 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     t.data = f.mem->data();
     f.lo = 0;
   } else if (f.overflow || bytes > static_cast<__int128>(max_bytes) ||
-      t.byte_offset > (uint64_t(1) << 20)) {
+             elems > static_cast<__int128>(max_bytes) || t.byte_offset > (uint64_t(1) << 20)) {
     /* Cannot be backed: a tiny buffer, so a call that wrongly accepts it is caught by ASan. */
     if (!f.overflow) f.skip = true;
     f.mem = std::make_unique<Guarded>(16);
