@@ -14,7 +14,8 @@
 #include "fuzz_common.h"
 
 #ifdef PAF_ASAN
-#include <sanitizer/allocator_interface.h>
+/* From <sanitizer/allocator_interface.h>, which gcc does not ship; both runtimes define it. */
+extern "C" size_t __sanitizer_get_current_allocated_bytes(void);
 #endif
 
 namespace {
