@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets with clang (libFuzzer + ASan + UBSan, the library instrumented for
-# coverage) and runs each one time-boxed on its seed corpus.
+# coverage; its CPU kernels for the one SIMD target this CPU runs) and runs each one time-boxed
+# on its seed corpus.
 #   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]    (default 60 s; targets: batch cache forward)
 # Environment: FUZZ_BUILDDIR (default build-fuzz), FUZZ_JOBS (libFuzzer -jobs, default 1),
 # FUZZ_NO_REBUILD=1 (fuzz the library already built there), NINJAFLAGS. New inputs go to $FUZZ_BUILDDIR/corpus/<target>, crashes to
@@ -38,12 +39,11 @@ if ! "$CXX" -fsanitize=fuzzer "$probe/p.cpp" -o "$probe/p" 2> "$probe/err"; then
 fi
 
 san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
-lib_args="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all"
-opts=(-Dbuildtype=debugoptimized -Db_ndebug=false -Db_lundef=false
+lib_args="-fsanitize=fuzzer-no-link -fno-sanitize-recover=all"
+opts=(-Dbuildtype=debugoptimized -Db_ndebug=false -Db_lundef=false -Db_sanitize=address,undefined
       -Dtests=false -Dexamples=false -Dbench=false
-      -Donednn=disabled -Dcuda=disabled -Dhip=disabled
-      "-Dc_args=$lib_args" "-Dcpp_args=$lib_args"
-      "-Dc_link_args=-fsanitize=address,undefined" "-Dcpp_link_args=-fsanitize=address,undefined")
+      -Donednn=disabled -Dcuda=disabled -Dhip=disabled -Dsimd_targets=native
+      "-Dc_args=$lib_args" "-Dcpp_args=$lib_args")
 setup_log="$probe/setup.log"
 if [ "${FUZZ_NO_REBUILD:-0}" = 1 ] && [ -f "$build/lib/libpagedattn.so" ]; then
   echo "fuzz: using the library already in $build (FUZZ_NO_REBUILD=1)"
