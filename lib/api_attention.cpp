@@ -187,10 +187,11 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     const int64_t kv_rows = cross ? pb.num_encoder_tokens : T;
     const bool need_kv = encoder_like || (o.write_kv && kv_rows > 0);
     if (need_kv) {
-      if (!k) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "k is NULL (needed by %s%s)",
-                       o.write_kv ? "write_kv" : "", encoder_like ? " encoder attention" : "");
-      if (!v) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "v is NULL (needed by %s%s)",
-                       o.write_kv ? "write_kv" : "", encoder_like ? " encoder attention" : "");
+      const char* why = encoder_like ? (o.write_kv ? "write_kv and encoder attention"
+                                                   : "encoder attention, which reads k/v directly")
+                                     : "write_kv";
+      if (!k) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "k is NULL (needed by %s)", why);
+      if (!v) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "v is NULL (needed by %s)", why);
       const pagedattn_dtype kdt = pa::tensor_float_dtype(k, "k");
       if (kdt != dt)
         pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "k: dtype %s != q dtype %s", pa::dtype_name(kdt),
@@ -217,13 +218,19 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     }
     if (o.alibi_slopes) {
       const pagedattn_tensor& s = *o.alibi_slopes;
-      if (s.ndim != 1 || !s.shape || s.shape[0] != H)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: shape must be [%d] (num_heads)",
-                 H);
+      if (s.ndim != 1)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR,
+                 "opts->alibi_slopes: ndim %d != 1 (expected shape [%d], num_heads)", s.ndim, H);
+      if (!s.shape) pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: shape is NULL");
+      if (s.shape[0] != H)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR,
+                 "opts->alibi_slopes: shape %s != expected [%d] (num_heads)",
+                 pa::shape_str(s.shape, 1).c_str(), H);
       if (s.dtype.code != PAGEDATTN_DLPACK_FLOAT || s.dtype.bits != 32 || s.dtype.lanes != 1)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: dtype must be float32");
-      if (s.strides && s.strides[0] != 1 && H > 1)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: stride %lld != 1",
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: dtype %s is not float32",
+                 pa::dlpack_dtype_str(s.dtype).c_str());
+      if (s.strides && s.strides[0] != 1)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: innermost stride %lld != 1",
                  static_cast<long long>(s.strides[0]));
       const int64_t unit = 1;
       pa::check_extent(&s, "opts->alibi_slopes", 1, &unit, sizeof(float));

@@ -113,18 +113,39 @@ const char* intern(const std::string& s) {
 
 namespace {
 
+/* The message for backend `index`'s own probe or create failing: for a plugin it names the file,
+ * "onednn: /usr/lib/libpagedattn-onednn.so: create failed: <the plugin's reason>"; the built-in
+ * backend keeps "cpu: <reason>". A reason that starts with the backend's name does not repeat it. */
+std::string op_failure(int32_t index, const char* op, pagedattn_status st, const char* msg) {
+  const char* name = backend_name_at(index);
+  const size_t n = std::strlen(name);
+  std::string reason = msg ? msg : "";
+  if (reason.compare(0, n, name) == 0 && reason.size() > n && reason[n] == ':') {
+    size_t at = n + 1;
+    while (at < reason.size() && reason[at] == ' ') ++at;
+    reason.erase(0, at);
+  }
+  if (reason.empty()) reason = format("%s returned %s", op, pagedattn_status_string(st));
+  const std::string origin = backend_origin(index);
+  if (origin == name) return format("%s: %s", name, reason.c_str());
+  return format("%s: %s failed: %s", origin.c_str(), op, reason.c_str());
+}
+
 /* Loads, probes and creates backend `index`; returns the new handle. */
 pagedattn_backend* create_one(int32_t index, const pagedattn_backend_options& opts) {
   const pa_backend_ops* ops = backend_ops(index);
   const char* name = backend_name_at(index);
   char msg[PA_MSG_LEN] = {0};
   pagedattn_status st = ops->probe(opts.device_index, msg);
-  if (st != PAGEDATTN_OK) check_op(st, name, "probe", msg);
+  if (st != PAGEDATTN_OK) {
+    const std::string op = format("probe of device %d", opts.device_index);
+    fail(st, "%s", op_failure(index, op.c_str(), st, msg).c_str());
+  }
   std::unique_ptr<pagedattn_backend> b(new pagedattn_backend());
   void* state = nullptr;
   msg[0] = '\0';
   st = ops->create(&state, &opts, msg);
-  check_op(st, name, "create", msg);
+  if (st != PAGEDATTN_OK) fail(st, "%s", op_failure(index, "create", st, msg).c_str());
   b->magic = kBackendMagic;
   b->ops = ops;
   b->state = state;
@@ -179,10 +200,11 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_get_info(pagedattn_backend_info
     try {
       const pa_backend_ops* ops = pa::backend_ops(index);
       char msg[PA_MSG_LEN] = {0};
-      if (ops->probe(0, msg) == PAGEDATTN_OK)
+      const pagedattn_status st = ops->probe(0, msg);
+      if (st == PAGEDATTN_OK)
         info.available = 1;
-      else
-        info.reason = pa::intern(msg[0] ? msg : "probe of device 0 failed");
+      else  /* the same words pagedattn_backend_create says for device 0 */
+        info.reason = pa::intern(pa::op_failure(index, "probe of device 0", st, msg));
     } catch (const pa::Error& e) {
       info.reason = pa::intern(e.msg);
     }

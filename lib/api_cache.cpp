@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <initializer_list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -358,15 +359,15 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
     const bool i32 = sm.dtype.code == PAGEDATTN_DLPACK_INT && sm.dtype.bits == 32 &&
                      sm.dtype.lanes == 1;
     if (!i64 && !i32)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR,
-               "slot_mapping: dtype {code %u, bits %u, lanes %u} is not int32 or int64",
-               sm.dtype.code, sm.dtype.bits, sm.dtype.lanes);
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: dtype %s is not int32 or int64",
+               pa::dlpack_dtype_str(sm.dtype).c_str());
     const int64_t n = sm.shape[0];
     if (n < 0)
       pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: shape [%lld] is negative",
                static_cast<long long>(n));
-    if (sm.strides && sm.strides[0] != 1 && n > 1)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: stride %lld != 1",
+    /* tensor.h: every tensor read needs a unit innermost stride, a one-element one too. */
+    if (sm.strides && sm.strides[0] != 1)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: innermost stride %lld != 1",
                static_cast<long long>(sm.strides[0]));
     const int64_t unit = 1;
     pa::check_extent(&sm, "slot_mapping", 1, &unit, i64 ? 8 : 4);
@@ -385,6 +386,12 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
     std::memset(&a, 0, sizeof a);
     /* A GPU backend's host cache takes any host memory (pinned or not). */
     const pagedattn_device want = c->pc.host ? pa::host_device_of(b) : c->pc.device;
+    /* One key/value row per slot: say so when only the row counts disagree. */
+    for (const pagedattn_tensor* t : {key, value})
+      if (t && t->ndim == 3 && t->shape && t->shape[0] != n)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape[0] = %lld rows != slot_mapping length %lld",
+                 t == key ? "key" : "value", static_cast<long long>(t->shape[0]),
+                 static_cast<long long>(n));
     a.k = pa::resolve3(key, "key", n, H, D, dt, want);
     a.v = pa::resolve3(value, "value", n, H, D, dt, want);
     /* Slots in host memory are read here; slots on the GPU are checked by the kernel. */

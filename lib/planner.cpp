@@ -11,7 +11,8 @@ namespace pa {
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/* a / b rounded up, for a >= 0, b > 0, without forming a + b - 1 (a may be INT64_MAX). */
+int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 /* Checks the first `need` entries of table row i. */
 void check_row(const int32_t* row, int32_t i, int64_t need, int32_t num_blocks, const char* what) {
@@ -48,6 +49,7 @@ int32_t self_stride(const PlanCaps& caps, const Geometry& self) {
   return self.present ? std::max<int32_t>(1, caps.blocks_per_seq) : 0;
 }
 
+/* Cross table width for max_seq_len: plan() refuses capacities where it exceeds int32. */
 int32_t cross_stride(const PlanCaps& caps, const Geometry& cross) {
   if (!cross.present) return 0;
   return static_cast<int32_t>(std::max<int64_t>(1, ceil_div(caps.seq_len, cross.block_size)));
@@ -197,6 +199,14 @@ void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& c
     cp.num_encoder_tokens =
         pick_cap(d.max_num_encoder_tokens, sum_enc, "max_num_encoder_tokens");
     cp.seq_len = pick_cap(d.max_seq_len, max_seq, "max_seq_len");
+    /* max_seq_len sizes the cross tables' rows; a width past int32 would be truncated, and the
+     * rows copied into a table allocated that narrow. */
+    if (cross.present && ceil_div(cp.seq_len, cross.block_size) > INT32_MAX)
+      fail(PAGEDATTN_ERROR_OVERFLOW,
+           "desc->max_seq_len = %lld needs %lld cross table entries per sequence (block size "
+           "%d): more than int32",
+           static_cast<long long>(cp.seq_len),
+           static_cast<long long>(ceil_div(cp.seq_len, cross.block_size)), cross.block_size);
     if (caps_out) *caps_out = cp;
   }
   if (admit) admit(cp);

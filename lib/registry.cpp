@@ -26,6 +26,7 @@ struct LoadResult {
   std::once_flag once;
   pagedattn_status status = PAGEDATTN_ERROR_INTERNAL;
   std::string message;
+  std::string path; /* the plugin file loaded (empty for the built-in backend) */
   const pa_backend_ops* ops = nullptr;
 };
 
@@ -212,6 +213,7 @@ void load_plugin(int32_t index, LoadResult& r) {
     dlclose(handle);
     return;
   }
+  r.path = path;
   r.status = PAGEDATTN_OK;
   r.ops = ops; /* handle intentionally kept open for the life of the process */
 }
@@ -250,6 +252,11 @@ const pa_backend_ops* backend_ops(int32_t index) {
   std::call_once(r.once, [&] { load(index, r); });
   if (r.status != PAGEDATTN_OK) throw Error{r.status, r.message};
   return r.ops;
+}
+
+std::string backend_origin(int32_t index) {
+  const LoadResult& r = g_results[index];
+  return r.path.empty() ? std::string(kNames[index]) : format("%s: %s", kNames[index], r.path.c_str());
 }
 
 std::string known_backend_names() {

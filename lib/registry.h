@@ -21,6 +21,11 @@ int32_t backend_index(const char* name);
  * naming the file and why. */
 const pa_backend_ops* backend_ops(int32_t index);
 
+/* Where backend `index` comes from, for messages about its own probe or create failing: "<name>:
+ * <plugin file>" for a loaded plugin, "<name>" for the built-in one. Call only after
+ * backend_ops(index) succeeded. */
+std::string backend_origin(int32_t index);
+
 /* Comma-separated list of the known names, for UNKNOWN_BACKEND messages. */
 std::string known_backend_names();
 

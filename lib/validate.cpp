@@ -42,6 +42,18 @@ void check_device(const pagedattn_device& have, const pagedattn_device& want, co
          where, device_str(want).c_str());
 }
 
+std::string shape_str(const int64_t* s, int32_t n) {
+  std::string out = "[";
+  for (int32_t i = 0; i < n; ++i)
+    out += format("%s%lld", i ? ", " : "", static_cast<long long>(s[i]));
+  return out + "]";
+}
+
+std::string dlpack_dtype_str(const pagedattn_dlpack_dtype& d) {
+  return format("{code %u, bits %u, lanes %u}", static_cast<unsigned>(d.code),
+                static_cast<unsigned>(d.bits), static_cast<unsigned>(d.lanes));
+}
+
 namespace {
 
 pagedattn_dtype map_dtype(const pagedattn_dlpack_dtype& d) {
@@ -52,13 +64,6 @@ pagedattn_dtype map_dtype(const pagedattn_dlpack_dtype& d) {
   if (d.code == PAGEDATTN_DLPACK_FLOAT8_E4M3FN && d.bits == 8) return PAGEDATTN_DTYPE_FP8_E4M3;
   if (d.code == PAGEDATTN_DLPACK_FLOAT8_E5M2 && d.bits == 8) return PAGEDATTN_DTYPE_FP8_E5M2;
   return PAGEDATTN_DTYPE_INVALID;
-}
-
-std::string shape_str(const int64_t* s, int32_t n) {
-  std::string out = "[";
-  for (int32_t i = 0; i < n; ++i)
-    out += format("%s%lld", i ? ", " : "", static_cast<long long>(s[i]));
-  return out + "]";
 }
 
 /* Common rank/shape/stride checks; returns the strides (compact when NULL). */
@@ -138,9 +143,8 @@ pagedattn_dtype tensor_float_dtype(const pagedattn_tensor* t, const char* name) 
   const pagedattn_dtype dt = map_dtype(t->dtype);
   if (dt != PAGEDATTN_DTYPE_FLOAT32 && dt != PAGEDATTN_DTYPE_FLOAT16 &&
       dt != PAGEDATTN_DTYPE_BFLOAT16)
-    fail(PAGEDATTN_ERROR_BAD_TENSOR,
-         "%s: dtype {code %u, bits %u, lanes %u} is not float32, float16 or bfloat16", name,
-         t->dtype.code, t->dtype.bits, t->dtype.lanes);
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype %s is not float32, float16 or bfloat16", name,
+         dlpack_dtype_str(t->dtype).c_str());
   return dt;
 }
 
@@ -174,8 +178,8 @@ pa_lse resolve_lse(const pagedattn_tensor* t, const char* name, int64_t rows, in
   int64_t strides[2];
   check_shape(t, name, want, 2, strides);
   if (map_dtype(t->dtype) != PAGEDATTN_DTYPE_FLOAT32)
-    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype {code %u, bits %u, lanes %u} is not float32",
-         name, t->dtype.code, t->dtype.bits, t->dtype.lanes);
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype %s is not float32", name,
+         dlpack_dtype_str(t->dtype).c_str());
   check_device(t->device, dev, name, "the backend");
   check_extent(t, name, 2, strides, sizeof(float));
   pa_lse r;

@@ -10,6 +10,9 @@
 namespace pa {
 
 bool is_host_device_type(int32_t type);
+/* "[4, 8, 64]" for n dimensions; "{code 2, bits 16, lanes 1}" for a DLPack dtype (messages). */
+std::string shape_str(const int64_t* s, int32_t n);
+std::string dlpack_dtype_str(const pagedattn_dlpack_dtype& d);
 std::string device_str(const pagedattn_device& d);
 
 /* Is memory on `have` usable where `want` is expected? CPU wants exactly CPU; a host cache of a

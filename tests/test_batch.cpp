@@ -160,11 +160,12 @@ TEST_F(Batch, CallerSlotMapping) {
   const std::vector<int64_t> oob = {17, -1, nb * bs};
   bd.slot_mapping = oob.data();
   EXPECT_TRUE(status_is(pagedattn_batch_create(&batch, be, cache, nullptr, &bd),
-                        PAGEDATTN_ERROR_OUT_OF_RANGE, std::to_string(nb * bs)));
+                        PAGEDATTN_ERROR_OUT_OF_RANGE,
+                        "desc->slot_mapping[2] = " + std::to_string(nb * bs) + " >= num_blocks*block_size"));
   const std::vector<int64_t> neg = {17, -2, 3};
   bd.slot_mapping = neg.data();
   EXPECT_TRUE(status_is(pagedattn_batch_create(&batch, be, cache, nullptr, &bd),
-                        PAGEDATTN_ERROR_INVALID_ARGUMENT, "-2"));
+                        PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->slot_mapping[1] = -2"));
   EXPECT_EQ(batch, nullptr);
 }
 
@@ -200,14 +201,15 @@ TEST_F(Batch, CrossSlotMapping) {
   bd.cross_block_tables = bad.data();
   b2 = nullptr;
   EXPECT_TRUE(status_is(pagedattn_batch_create(&b2, be, cache, xc, &bd),
-                        PAGEDATTN_ERROR_OUT_OF_RANGE, "40"));
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "cross_block_tables[1][1] = 40 >= num_blocks 40"));
   bd.cross_block_tables = nullptr;
-  EXPECT_TRUE(status_is(pagedattn_batch_create(&b2, be, cache, xc, &bd), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b2, be, cache, xc, &bd), PAGEDATTN_ERROR_NULL_POINTER,
+                        "desc->cross_block_tables is NULL"));
   bd.cross_block_tables = ctab.data();
   const std::vector<int32_t> negenc = {5, -1, 2};
   bd.encoder_lens = negenc.data();
   EXPECT_TRUE(status_is(pagedattn_batch_create(&b2, be, cache, xc, &bd),
-                        PAGEDATTN_ERROR_INVALID_ARGUMENT, "-1"));
+                        PAGEDATTN_ERROR_INVALID_ARGUMENT, "encoder_lens[1] = -1 < 0"));
   EXPECT_EQ(b2, nullptr);
 }
 
@@ -282,15 +284,21 @@ TEST_F(Batch, UpdateBeyondCapacityKeepsPreviousContents) {
     std::vector<int32_t> q, c;
     int32_t stride;
     pagedattn_status st;
-    const char* needle;
+    std::string needle;
   };
   const std::vector<Case> cases = {
-      {"more sequences", {1, 1, 1, 1}, {0, 0, 0, 0}, 1, PAGEDATTN_ERROR_CAPACITY, "seq"},
-      {"more tokens", {4, 3}, {0, 0}, 2, PAGEDATTN_ERROR_CAPACITY, "token"},
-      {"wider table", {1}, {12}, 4, PAGEDATTN_ERROR_CAPACITY, ""},
-      {"longer sequence", {1}, {10}, 3, PAGEDATTN_ERROR_CAPACITY, ""},
-      {"bad block id", {1, 1}, {0, 0}, 1, PAGEDATTN_ERROR_OUT_OF_RANGE, "64"},
-      {"negative length", {1, -1}, {0, 0}, 1, PAGEDATTN_ERROR_INVALID_ARGUMENT, "-1"},
+      {"more sequences", {1, 1, 1, 1}, {0, 0, 0, 0}, 1, PAGEDATTN_ERROR_CAPACITY,
+       "num_seqs 4 > max_num_seqs 3"},
+      {"more tokens", {4, 3}, {0, 0}, 2, PAGEDATTN_ERROR_CAPACITY,
+       "sum(query_lens) 7 > max_num_tokens 6"},
+      {"wider table", {1}, {12}, 4, PAGEDATTN_ERROR_CAPACITY,
+       "table width needed 4 > max_blocks_per_seq 3"},
+      {"longer sequence", {1}, {10}, 3, PAGEDATTN_ERROR_CAPACITY,
+       "max sequence length 11 > max_seq_len 10"},
+      {"bad block id", {1, 1}, {0, 0}, 1, PAGEDATTN_ERROR_OUT_OF_RANGE,
+       "block_tables[1][0] = " + std::to_string(nb) + " >= num_blocks " + std::to_string(nb)},
+      {"negative length", {1, -1}, {0, 0}, 1, PAGEDATTN_ERROR_INVALID_ARGUMENT,
+       "query_lens[1] = -1 < 0"},
   };
   for (const Case& cs : cases) {
     std::vector<int32_t> tab(cs.q.size() * cs.stride, 2);
@@ -306,8 +314,12 @@ TEST_F(Batch, UpdateBeyondCapacityKeepsPreviousContents) {
     EXPECT_TRUE(info_is(2, 3)) << "after failed update: " << cs.what;
     EXPECT_EQ(slots(), before) << "after failed update: " << cs.what;
   }
-  EXPECT_TRUE(status_is(pagedattn_batch_update(nullptr, &bd), PAGEDATTN_ERROR_NULL_POINTER));
-  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_batch_update(nullptr, &bd), PAGEDATTN_ERROR_NULL_POINTER,
+                        "batch is NULL"));
+  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, nullptr), PAGEDATTN_ERROR_NULL_POINTER,
+                        "desc is NULL"));
+  EXPECT_TRUE(info_is(2, 3)) << "after a NULL desc";
+  EXPECT_EQ(slots(), before) << "after a NULL desc";
 }
 
 TEST_F(Batch, Refusals) {
@@ -318,45 +330,48 @@ TEST_F(Batch, Refusals) {
     EXPECT_EQ(b, sentinel) << what;
   };
   describe({2, -3}, {0, 0}, {0, 1}, 1);
-  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "-3", "negative query_len");
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "query_lens[1] = -3 < 0", "negative query_len");
   describe({2, 1}, {0, -5}, {0, 1}, 1);
-  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "-5", "negative context_len");
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "context_lens[1] = -5 < 0", "negative context_len");
   describe({2, 1}, {0, 0}, {0, 1}, 1);
   bd.num_seqs = -1;
-  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "num_seqs", "negative num_seqs");
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->num_seqs = -1 < 0", "negative num_seqs");
   // Row too short: seq 1 needs ceil((6+1)/4) = 2 entries, stride 1.
   describe({2, 1}, {0, 6}, {0, 1}, 1);
-  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "", "row shorter than needed");
+  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "block_table_stride 1 < 2 blocks needed by sequence 1",
+         "row shorter than needed");
   describe({1, 1}, {0, 5}, {3, 4, 5, 777}, 2);
-  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "777", "block id >= num_blocks");
-  EXPECT_NE(pat::last_error().find("[1][1]"), std::string::npos)
-      << "message should name the entry block_tables[1][1]: " << pat::last_error();
+  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "block_tables[1][1] = 777 >= num_blocks 64",
+         "block id >= num_blocks");
   describe({1, 1}, {0, 5}, {3, 4, 5, -4}, 2);
-  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "-4", "negative block id");
+  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "block_tables[1][1] = -4 < 0", "negative block id");
   describe({1}, {0}, {0}, 0);
-  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "", "table stride 0 with tokens");
+  expect(PAGEDATTN_ERROR_OUT_OF_RANGE, "block_table_stride 0 < 1 blocks needed by sequence 0",
+         "table stride 0 with tokens");
   // NULL arrays.
   describe({1, 1}, {0, 0}, {0, 1}, 1);
   bd.query_lens = nullptr;
-  expect(PAGEDATTN_ERROR_NULL_POINTER, "query_lens", "NULL query_lens");
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "desc->query_lens is NULL", "NULL query_lens");
   describe({1, 1}, {0, 0}, {0, 1}, 1);
   bd.context_lens = nullptr;
-  expect(PAGEDATTN_ERROR_NULL_POINTER, "context_lens", "NULL context_lens");
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "desc->context_lens is NULL", "NULL context_lens");
   describe({1, 1}, {0, 0}, {0, 1}, 1);
   bd.block_tables = nullptr;
-  expect(PAGEDATTN_ERROR_NULL_POINTER, "block_tables", "NULL block_tables with a cache");
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "desc->block_tables is NULL", "NULL block_tables with a cache");
   describe({1, 1}, {0, 0}, {0, 1}, 1);
   bd.struct_size = 8;
-  expect(PAGEDATTN_ERROR_STRUCT_SIZE, "", "struct_size");
+  expect(PAGEDATTN_ERROR_STRUCT_SIZE, "desc->struct_size = 8", "struct_size");
   describe({1, 1}, {0, 0}, {0, 1}, 1);
   bd.max_num_seqs = 1;
-  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "", "capacity below the batch");
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->max_num_seqs = 1 < 2", "capacity below the batch");
   EXPECT_TRUE(status_is(pagedattn_batch_create(nullptr, be, cache, nullptr, &bd),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "out is NULL"));
   EXPECT_TRUE(status_is(pagedattn_batch_create(&b, nullptr, cache, nullptr, &bd),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "backend is NULL"));
+  EXPECT_EQ(b, sentinel);
   EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, cache, nullptr, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "desc is NULL"));
+  EXPECT_EQ(b, sentinel);
   // A cache of another backend.
   pagedattn_backend* be2 = nullptr;
   ASSERT_EQ(pagedattn_backend_create(&be2, pat::backend_name().c_str(), nullptr), PAGEDATTN_OK);
@@ -367,19 +382,25 @@ TEST_F(Batch, Refusals) {
   ASSERT_EQ(pagedattn_kv_cache_create(&other, be2, &g), PAGEDATTN_OK);
   describe({1, 1}, {0, 0}, {0, 1}, 1);
   EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, other, nullptr, &bd),
-                        PAGEDATTN_ERROR_INVALID_HANDLE));
+                        PAGEDATTN_ERROR_INVALID_HANDLE, "cache belongs to another backend"));
   EXPECT_EQ(b, sentinel);
   pagedattn_kv_cache_destroy(other);
   pagedattn_backend_destroy(be2);
   // Getters.
   const int64_t* p = nullptr;
   int64_t n = 0;
-  EXPECT_TRUE(status_is(pagedattn_batch_get_slot_mapping(&p, &n, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_batch_get_slot_mapping(&p, &n, nullptr), PAGEDATTN_ERROR_NULL_POINTER,
+                        "batch is NULL"));
+  EXPECT_TRUE(p == nullptr && n == 0) << "a refused getter wrote its outputs";
   EXPECT_TRUE(status_is(pagedattn_batch_get_slot_mapping(nullptr, &n, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "out is NULL"));
+  EXPECT_EQ(n, 0);
   pagedattn_batch_info info{};
   info.struct_size = sizeof info;
-  EXPECT_TRUE(status_is(pagedattn_batch_get_info(&info, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  const pagedattn_batch_info info0 = info;
+  EXPECT_TRUE(status_is(pagedattn_batch_get_info(&info, nullptr), PAGEDATTN_ERROR_NULL_POINTER,
+                        "batch is NULL"));
+  EXPECT_EQ(std::memcmp(&info, &info0, sizeof info), 0) << "a refused get_info wrote its output";
 }
 
 TEST_F(Batch, CountsThatOverflow) {
@@ -392,12 +413,47 @@ TEST_F(Batch, CountsThatOverflow) {
   std::vector<int32_t> tab(static_cast<size_t>(3) * width, 0);
   describe({q, q, q}, {0, 0, 0}, std::move(tab), width);
   pagedattn_batch* b = nullptr;
-  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, big, nullptr, &bd), PAGEDATTN_ERROR_OVERFLOW));
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, big, nullptr, &bd), PAGEDATTN_ERROR_OVERFLOW,
+                        "sum(query_lens) overflows int32 at sequence 1"));
   EXPECT_EQ(b, nullptr);
   // context_len + query_len beyond int32.
   const int32_t w2 = static_cast<int32_t>((static_cast<int64_t>(INT32_MAX) + 1 + 255) / 256);
   std::vector<int32_t> tab2(static_cast<size_t>(w2), 0);
   describe({1}, {INT32_MAX}, std::move(tab2), w2);
-  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, big, nullptr, &bd), PAGEDATTN_ERROR_OVERFLOW));
+  EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, big, nullptr, &bd), PAGEDATTN_ERROR_OVERFLOW,
+                        "context_lens[0] + query_lens[0] = 2147483648 overflows int32"));
   EXPECT_EQ(b, nullptr);
+}
+
+TEST_F(Batch, CrossTableWidthOverflowRefused) {
+  // Regression: max_seq_len sizes the cross tables' rows (max_seq_len / block_size entries); a
+  // width past int32 was truncated (2^40 / 4 -> 0), the table allocated that narrow and the
+  // cross rows copied past it (a heap write, found by fuzz_batch once capacities could take
+  // any size; tests/fuzz/corpus/batch/regression-cross-stride-overflow).
+  describe({1, 1}, {0, 3}, {0, 1, 2, 3}, 2);
+  const std::vector<int32_t> enc = {2, 5};
+  const std::vector<int32_t> ctab = {4, 5, 6, 7};
+  bd.encoder_lens = enc.data();
+  bd.cross_block_tables = ctab.data();
+  bd.cross_block_table_stride = 2;
+  pagedattn_kv_cache* xc = make_cache(8, bs);
+  ASSERT_NE(xc, nullptr);
+  extra_.push_back(xc);
+  pagedattn_batch* const sentinel = reinterpret_cast<pagedattn_batch*>(0x40);
+  for (int64_t cap : {int64_t{1} << 40, int64_t{INT32_MAX} * bs + 1, int64_t{INT64_MAX}}) {
+    pagedattn_batch* b = sentinel;
+    bd.max_seq_len = cap;
+    EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, cache, xc, &bd), PAGEDATTN_ERROR_OVERFLOW,
+                          "desc->max_seq_len = " + std::to_string(cap)));
+    EXPECT_EQ(b, sentinel);
+  }
+  // A wide capacity that fits int32 is planned, the cross rows copied into it.
+  bd.max_seq_len = 4096;
+  pagedattn_batch* b = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&b, be, cache, xc, &bd), PAGEDATTN_OK) << pat::last_error();
+  const int64_t* cs = nullptr;
+  int64_t cn = 0;
+  ASSERT_EQ(pagedattn_batch_get_cross_slot_mapping(&cs, &cn, b), PAGEDATTN_OK);
+  EXPECT_EQ(std::vector<int64_t>(cs, cs + cn), (std::vector<int64_t>{16, 17}));
+  pagedattn_batch_destroy(b);
 }

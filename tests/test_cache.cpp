@@ -1,6 +1,7 @@
 // The paged KV cache: sizing, create/wrap, write, copy, swap, read/load, and their refusals.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -104,24 +105,27 @@ TEST(CacheSizing, BytesPerBlock) {
 TEST(CacheSizing, Refusals) {
   uint64_t b = 12345;
   auto g = geom(1, 1, 16, 1, 64, PAGEDATTN_DTYPE_FLOAT32);
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(nullptr, &g), PAGEDATTN_ERROR_NULL_POINTER));
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(nullptr, &g), PAGEDATTN_ERROR_NULL_POINTER,
+                        "out is NULL"));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, nullptr), PAGEDATTN_ERROR_NULL_POINTER,
+                        "desc is NULL"));
   auto bad = g;
   bad.struct_size = 4;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, &bad), PAGEDATTN_ERROR_STRUCT_SIZE));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, &bad), PAGEDATTN_ERROR_STRUCT_SIZE,
+                        "desc->struct_size = 4"));
   struct {
     const char* field;
     void (*mut)(pagedattn_kv_cache_desc*);
   } const cases[] = {
-      {"num_layers", [](pagedattn_kv_cache_desc* d) { d->num_layers = 0; }},
-      {"num_blocks", [](pagedattn_kv_cache_desc* d) { d->num_blocks = -1; }},
-      {"block_size", [](pagedattn_kv_cache_desc* d) { d->block_size = 0; }},
-      {"block_size", [](pagedattn_kv_cache_desc* d) { d->block_size = 24; }},
-      {"num_kv_heads", [](pagedattn_kv_cache_desc* d) { d->num_kv_heads = 0; }},
-      {"head_size", [](pagedattn_kv_cache_desc* d) { d->head_size = -8; }},
-      {"dtype", [](pagedattn_kv_cache_desc* d) { d->dtype = PAGEDATTN_DTYPE_INVALID; }},
-      {"dtype", [](pagedattn_kv_cache_desc* d) { d->dtype = static_cast<pagedattn_dtype>(42); }},
-      {"layout", [](pagedattn_kv_cache_desc* d) { d->layout = static_cast<pagedattn_layout>(9); }},
+      {"desc->num_layers = 0", [](pagedattn_kv_cache_desc* d) { d->num_layers = 0; }},
+      {"desc->num_blocks = -1", [](pagedattn_kv_cache_desc* d) { d->num_blocks = -1; }},
+      {"desc->block_size = 0", [](pagedattn_kv_cache_desc* d) { d->block_size = 0; }},
+      {"desc->block_size = 24", [](pagedattn_kv_cache_desc* d) { d->block_size = 24; }},
+      {"desc->num_kv_heads = 0", [](pagedattn_kv_cache_desc* d) { d->num_kv_heads = 0; }},
+      {"desc->head_size = -8", [](pagedattn_kv_cache_desc* d) { d->head_size = -8; }},
+      {"desc->dtype = 0", [](pagedattn_kv_cache_desc* d) { d->dtype = PAGEDATTN_DTYPE_INVALID; }},
+      {"desc->dtype = 42", [](pagedattn_kv_cache_desc* d) { d->dtype = static_cast<pagedattn_dtype>(42); }},
+      {"desc->layout = 9", [](pagedattn_kv_cache_desc* d) { d->layout = static_cast<pagedattn_layout>(9); }},
   };
   for (const auto& c : cases) {
     auto d = g;
@@ -130,7 +134,8 @@ TEST(CacheSizing, Refusals) {
                           PAGEDATTN_ERROR_INVALID_ARGUMENT, c.field));
   }
   auto huge = geom(INT32_MAX, 1, 256, INT32_MAX, 256, PAGEDATTN_DTYPE_FLOAT32);
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, &huge), PAGEDATTN_ERROR_OVERFLOW));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_bytes_per_block(&b, &huge), PAGEDATTN_ERROR_OVERFLOW,
+                        "cache size overflows: 2147483647 layers"));
   EXPECT_EQ(b, 12345u) << "out written on failure";
 }
 
@@ -171,15 +176,19 @@ TEST_F(Cache, CreateStartsZeroAndDescribesItself) {
     }
     void* k = nullptr;
     EXPECT_EQ(pagedattn_kv_cache_get_layer(&k, nullptr, nullptr, c, 0), PAGEDATTN_OK);
+    void* const k0 = k;
     EXPECT_TRUE(status_is(pagedattn_kv_cache_get_layer(&k, nullptr, nullptr, c, 3),
-                          PAGEDATTN_ERROR_OUT_OF_RANGE, "layer"));
+                          PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = 3 is not in [0, 3)"));
     EXPECT_TRUE(status_is(pagedattn_kv_cache_get_layer(&k, nullptr, nullptr, c, -1),
-                          PAGEDATTN_ERROR_OUT_OF_RANGE, "layer"));
+                          PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = -1 is not in [0, 3)"));
     EXPECT_TRUE(status_is(pagedattn_kv_cache_get_layer(&k, nullptr, nullptr, nullptr, 0),
-                          PAGEDATTN_ERROR_NULL_POINTER));
-    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_desc(nullptr, c), PAGEDATTN_ERROR_NULL_POINTER));
+                          PAGEDATTN_ERROR_NULL_POINTER, "cache is NULL"));
+    EXPECT_EQ(k, k0) << "a refused get_layer wrote its output";
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_desc(nullptr, c), PAGEDATTN_ERROR_NULL_POINTER,
+                          "out is NULL"));
     got.struct_size = 1;
-    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_desc(&got, c), PAGEDATTN_ERROR_STRUCT_SIZE));
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_get_desc(&got, c), PAGEDATTN_ERROR_STRUCT_SIZE,
+                          "out->struct_size = 1"));
   }
 }
 
@@ -187,34 +196,38 @@ TEST_F(Cache, CreateRefusals) {
   pagedattn_kv_cache* const sentinel = reinterpret_cast<pagedattn_kv_cache*>(0x10);
   pagedattn_kv_cache* c = sentinel;
   auto g = geom(1, 4, 16, 2, 64, PAGEDATTN_DTYPE_FLOAT32);
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(nullptr, be, &g), PAGEDATTN_ERROR_NULL_POINTER));
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, nullptr, &g), PAGEDATTN_ERROR_NULL_POINTER));
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(nullptr, be, &g), PAGEDATTN_ERROR_NULL_POINTER,
+                        "out is NULL"));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, nullptr, &g), PAGEDATTN_ERROR_NULL_POINTER,
+                        "backend is NULL"));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, nullptr), PAGEDATTN_ERROR_NULL_POINTER,
+                        "desc is NULL"));
   auto d = g;
   d.struct_size = 0;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_STRUCT_SIZE));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_STRUCT_SIZE,
+                        "desc->struct_size = 0"));
   d = g;
   d.num_blocks = 0;
   EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_INVALID_ARGUMENT,
-                        "num_blocks"));
+                        "desc->num_blocks = 0"));
   d = g;
   d.layout = static_cast<pagedattn_layout>(2);
   EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_INVALID_ARGUMENT,
-                        "layout"));
+                        "desc->layout = 2"));
   d = g;
   d.flags = 0x100;
   EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_INVALID_ARGUMENT,
-                        "flags"));
+                        "desc->flags = 0x100"));
   {
     d = g;
     d.head_size = 12;  // not a multiple of 8
     const pagedattn_status st = pagedattn_kv_cache_create(&c, be, &d);
     EXPECT_TRUE(st == PAGEDATTN_ERROR_UNSUPPORTED || st == PAGEDATTN_ERROR_INVALID_ARGUMENT)
         << pagedattn_status_string(st);
-    EXPECT_NE(pat::last_error().find("12"), std::string::npos) << pat::last_error();
+    EXPECT_NE(pat::last_error().find("head_size 12"), std::string::npos) << pat::last_error();
     d.head_size = 264;
     EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_ERROR_UNSUPPORTED,
-                          "head"));
+                          "head_size 264 is not supported"));
   }
   d = g;
   d.block_size = 512;  // a power of two no backend offers: refused either way, naming the field
@@ -222,7 +235,8 @@ TEST_F(Cache, CreateRefusals) {
     const pagedattn_status s512 = pagedattn_kv_cache_create(&c, be, &d);
     EXPECT_TRUE(s512 == PAGEDATTN_ERROR_UNSUPPORTED || s512 == PAGEDATTN_ERROR_INVALID_ARGUMENT)
         << pagedattn_status_string(s512);
-    EXPECT_NE(pat::last_error().find("block"), std::string::npos) << pat::last_error();
+    EXPECT_NE(pat::last_error().find("block_size"), std::string::npos) << pat::last_error();
+    EXPECT_NE(pat::last_error().find("512"), std::string::npos) << pat::last_error();
   }
   d = g;
   d.num_blocks = INT32_MAX;
@@ -247,7 +261,8 @@ TEST(CacheMemoryLimit, OutOfMemoryIsAnError) {
   }
   auto g = geom(1, 64, 16, 4, 64, PAGEDATTN_DTYPE_FLOAT32);  // 64 * 32 KiB = 2 MiB
   pagedattn_kv_cache* c = nullptr;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &g), PAGEDATTN_ERROR_OUT_OF_MEMORY));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_create(&c, be, &g), PAGEDATTN_ERROR_OUT_OF_MEMORY,
+                        "allocating 2097152 bytes exceeds memory_limit 65536"));
   EXPECT_EQ(c, nullptr);
   g.num_blocks = 1;  // 32 KiB fits
   EXPECT_EQ(pagedattn_kv_cache_create(&c, be, &g), PAGEDATTN_OK) << pat::last_error();
@@ -457,38 +472,47 @@ TEST_F(Cache, WrapRefusals) {
   m.device = dev;
   pagedattn_kv_cache* const sentinel = reinterpret_cast<pagedattn_kv_cache*>(0x20);
   pagedattn_kv_cache* c = sentinel;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, nullptr), PAGEDATTN_ERROR_NULL_POINTER,
+                        "memory is NULL"));
   auto mm = m;
   mm.struct_size = 0;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_STRUCT_SIZE));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_STRUCT_SIZE,
+                        "memory->struct_size = 0"));
   mm = m;
   mm.k_layers = kbad;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "memory->k_layers[1] is NULL"));
   mm = m;
   mm.k_layers = nullptr;
   const pagedattn_status s1 = pagedattn_kv_cache_wrap(&c, be, &g, &mm);
   EXPECT_TRUE(s1 == PAGEDATTN_ERROR_NULL_POINTER || s1 == PAGEDATTN_ERROR_INVALID_ARGUMENT)
       << pagedattn_status_string(s1);
+  EXPECT_NE(pat::last_error().find("memory->k_layers"), std::string::npos) << pat::last_error();
   mm = m;  // heads overlap: head stride smaller than the head size
   mm.head_stride = 8;
   mm.slot_stride = 2 * 16;
   mm.block_stride = 4 * 2 * 16;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "memory strides (block 128, slot 32, head 8) make blocks, slots or heads overlap"));
   mm = m;  // slots overlap
   mm.head_stride = 16;
   mm.slot_stride = 16;
   mm.block_stride = 4 * 2 * 16;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "memory strides (block 128, slot 16, head 16)"));
   mm = m;  // blocks overlap
   mm.head_stride = 16;
   mm.slot_stride = 32;
   mm.block_stride = 64;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                        "memory strides (block 64, slot 32, head 16)"));
   mm = m;
   mm.device.device_type = dev.device_type == PAGEDATTN_DEVICE_CPU ? PAGEDATTN_DEVICE_CUDA
                                                                    : PAGEDATTN_DEVICE_ROCM;
   mm.device.device_id = 3;
-  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_WRONG_DEVICE));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_wrap(&c, be, &g, &mm), PAGEDATTN_ERROR_WRONG_DEVICE,
+                        dev.device_type == PAGEDATTN_DEVICE_CPU ? "memory->device is cuda:3"
+                                                                : "memory->device is rocm:3"));
   EXPECT_EQ(c, sentinel);
 }
 
@@ -552,9 +576,13 @@ TEST_F(CacheWrite, SlotsOutOfRangeWriteNothing) {
            {0, 5, nbbs}, {nbbs + 100, 1, 2}, {3, -2, 4}, {1, 2, INT64_MAX}, {1, 2, INT32_MIN}}) {
     for (int bits : {64, 32}) {
       if (bits == 32 && (bad[2] == INT64_MAX)) continue;
+      // The message names the first slot out of [-1, nbbs) and its value.
+      size_t i = 0;
+      while (bad[i] >= -1 && bad[i] < nbbs) ++i;
       EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), slot_tensor(bad, bits),
                                                      1.f, 1.f, nullptr),
-                            PAGEDATTN_ERROR_OUT_OF_RANGE, "slot"))
+                            PAGEDATTN_ERROR_OUT_OF_RANGE,
+                            "slot_mapping[" + std::to_string(i) + "] = " + std::to_string(bad[i])))
           << bad[0] << "," << bad[1] << "," << bad[2] << " int" << bits;
       EXPECT_TRUE(unchanged());
     }
@@ -564,32 +592,41 @@ TEST_F(CacheWrite, SlotsOutOfRangeWriteNothing) {
 TEST_F(CacheWrite, Refusals) {
   pagedattn_tensor* good = slot_tensor({0, -1, 5});
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(nullptr, 0, k->t(), v->t(), good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "cache is NULL"));
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, nullptr, v->t(), good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "key is NULL"));
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), nullptr, good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "value is NULL"));
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), nullptr, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping is NULL"));
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 2, k->t(), v->t(), good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_OUT_OF_RANGE, "layer"));
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = 2 is not in [0, 2)"));
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, -1, k->t(), v->t(), good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_OUT_OF_RANGE, "layer"));
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = -1 is not in [0, 2)"));
   // Wrong shapes.
   pat::Tensor k_heads(dev, PAGEDATTN_DTYPE_FLOAT16, 3, 4, 16), k_dim(dev, PAGEDATTN_DTYPE_FLOAT16, 3, 2, 8),
       k_rows(dev, PAGEDATTN_DTYPE_FLOAT16, 2, 2, 16), k_f32(dev, PAGEDATTN_DTYPE_FLOAT32, 3, 2, 16),
       k_bf(dev, PAGEDATTN_DTYPE_BFLOAT16, 3, 2, 16);
-  for (pat::Tensor* bad : {&k_heads, &k_dim, &k_rows}) {
+  for (pat::Tensor* bad : {&k_heads, &k_dim}) {
+    const std::string shape = "shape [" + std::to_string(bad->rows()) + ", " +
+                              std::to_string(bad->heads()) + ", " + std::to_string(bad->dim()) +
+                              "] != expected [3, 2, 16]";
     EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, bad->t(), v->t(), good, 1, 1, nullptr),
-                          PAGEDATTN_ERROR_BAD_TENSOR));
+                          PAGEDATTN_ERROR_BAD_TENSOR, "key: " + shape));
     EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), bad->t(), good, 1, 1, nullptr),
-                          PAGEDATTN_ERROR_BAD_TENSOR));
+                          PAGEDATTN_ERROR_BAD_TENSOR, "value: " + shape));
   }
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k_rows.t(), v->t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR, "key: shape[0] = 2 rows != slot_mapping length 3"));
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), k_rows.t(), good, 1, 1, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR, "value: shape[0] = 2 rows != slot_mapping length 3"));
   for (pat::Tensor* bad : {&k_f32, &k_bf}) {  // dtype differs from the (f16) cache
     const pagedattn_status s = pagedattn_kv_cache_write(c, 0, bad->t(), bad->t(), good, 1, 1, nullptr);
     EXPECT_TRUE(s == PAGEDATTN_ERROR_BAD_TENSOR || s == PAGEDATTN_ERROR_UNSUPPORTED)
         << pagedattn_status_string(s);
-    EXPECT_NE(pat::last_error().find("float16"), std::string::npos) << pat::last_error();
+    const std::string named = std::string("key dtype ") +
+                              (bad == &k_f32 ? "float32" : "bfloat16") + " with a float16 cache";
+    EXPECT_NE(pat::last_error().find(named), std::string::npos) << pat::last_error();
   }
   // Rank 2, non-unit innermost stride, non-float dtype.
   pagedattn_tensor t = *k->t();
@@ -598,36 +635,51 @@ TEST_F(CacheWrite, Refusals) {
   t.shape = shp2;
   t.strides = nullptr;
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &t, v->t(), good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_BAD_TENSOR, "key"));
+                        PAGEDATTN_ERROR_BAD_TENSOR, "key: ndim 2 != 3"));
   t = *k->t();
   int64_t str[3] = {64, 16, 2};
   t.strides = str;
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &t, v->t(), good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_BAD_TENSOR, "stride"));
+                        PAGEDATTN_ERROR_BAD_TENSOR, "key: innermost stride 2 != 1"));
   t = *k->t();
   t.dtype = {PAGEDATTN_DLPACK_INT, 16, 1};
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &t, v->t(), good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_BAD_TENSOR));
+                        PAGEDATTN_ERROR_BAD_TENSOR, "key: dtype {code 0, bits 16, lanes 1}"));
   t = *k->t();
   t.device.device_type = dev.device_type == PAGEDATTN_DEVICE_CPU ? PAGEDATTN_DEVICE_CUDA
                                                                   : PAGEDATTN_DEVICE_CPU;
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &t, v->t(), good, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_WRONG_DEVICE));
+                        PAGEDATTN_ERROR_WRONG_DEVICE,
+                        dev.device_type == PAGEDATTN_DEVICE_CPU ? "key: on cuda:0" : "key: on cpu:0"));
   // Bad slot tensors: float, 2-D, length != rows.
   pagedattn_tensor s = *good;
   s.dtype = {PAGEDATTN_DLPACK_FLOAT, 32, 1};
   s.shape = shp;
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), &s, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_BAD_TENSOR));
+                        PAGEDATTN_ERROR_BAD_TENSOR,
+                        "slot_mapping: dtype {code 2, bits 32, lanes 1} is not int32 or int64"));
   s = *good;
   int64_t s2[2] = {3, 1};
   s.ndim = 2;
   s.shape = s2;
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), &s, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_BAD_TENSOR));
+                        PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: ndim 2 != 1"));
+  // A non-unit stride is refused on a one-element slot mapping too (tensor.h: every tensor
+  // read has a unit innermost stride; fuzz_cache found one of stride 0 accepted).
+  for (int64_t bad_stride : {int64_t{0}, int64_t{3}}) {
+    pagedattn_tensor* one = slot_tensor({2});
+    int64_t one_stride[1] = {bad_stride};
+    pagedattn_tensor k1 = *k->t(), v1 = *v->t();
+    int64_t shape1[3] = {1, k->heads(), k->dim()};
+    k1.shape = v1.shape = shape1;
+    one->strides = one_stride;
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, &k1, &v1, one, 1, 1, nullptr),
+                          PAGEDATTN_ERROR_BAD_TENSOR,
+                          "slot_mapping: innermost stride " + std::to_string(bad_stride) + " != 1"));
+  }
   pagedattn_tensor* shorter = slot_tensor({0, 1});
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), shorter, 1, 1, nullptr),
-                        PAGEDATTN_ERROR_BAD_TENSOR));
+                        PAGEDATTN_ERROR_BAD_TENSOR, "key: shape[0] = 3 rows != slot_mapping length 2"));
   EXPECT_TRUE(unchanged());
 }
 
@@ -652,11 +704,13 @@ TEST_F(Cache, Fp8ScaleRefusals) {
   st.dtype = {PAGEDATTN_DLPACK_INT, 64, 1};
   st.shape = shp;
   for (float bad : {0.0f, -1.0f, NAN, INFINITY}) {
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%g", static_cast<double>(bad));
     EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k.t(), v.t(), &st, bad, 1.0f, nullptr),
-                          PAGEDATTN_ERROR_INVALID_ARGUMENT, "scale"))
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, std::string("k_scale = ") + shown))
         << bad;
     EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k.t(), v.t(), &st, 1.0f, bad, nullptr),
-                          PAGEDATTN_ERROR_INVALID_ARGUMENT, "scale"))
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, std::string("v_scale = ") + shown))
         << bad;
   }
   EXPECT_EQ(read_all(c), before);
@@ -703,11 +757,12 @@ TEST_F(Cache, CopyBlocksRefusals) {
     pagedattn_status st;
     const char* needle;
   } const cases[] = {
-      {{0, 1, 2, 6}, PAGEDATTN_ERROR_OUT_OF_RANGE, "6"},
-      {{0, 1, -1, 3}, PAGEDATTN_ERROR_OUT_OF_RANGE, "-1"},
-      {{7, 1}, PAGEDATTN_ERROR_OUT_OF_RANGE, "7"},
-      {{0, 1, 2, 1}, PAGEDATTN_ERROR_INVALID_ARGUMENT, "1"},
-      {{0, 1, 1, 2}, PAGEDATTN_ERROR_INVALID_ARGUMENT, ""},  // dst 1 also a source
+      {{0, 1, 2, 6}, PAGEDATTN_ERROR_OUT_OF_RANGE, "pairs[3] = 6 >= num_blocks 6"},
+      {{0, 1, -1, 3}, PAGEDATTN_ERROR_OUT_OF_RANGE, "pairs[2] = -1 < 0"},
+      {{7, 1}, PAGEDATTN_ERROR_OUT_OF_RANGE, "pairs[0] = 7 >= num_blocks 6"},
+      {{0, 1, 2, 1}, PAGEDATTN_ERROR_INVALID_ARGUMENT, "pairs[3] = 1 repeats pairs[1]"},
+      {{0, 1, 1, 2}, PAGEDATTN_ERROR_INVALID_ARGUMENT,  // dst 1 also a source
+       "pairs[2] = 1 is a source but also the destination pairs[1]"},
   };
   for (const auto& cs : cases) {
     EXPECT_TRUE(status_is(pagedattn_kv_cache_copy_blocks(c, cs.pairs.data(), cs.pairs.size() / 2,
@@ -716,10 +771,10 @@ TEST_F(Cache, CopyBlocksRefusals) {
     EXPECT_TRUE(read_all(c) == before) << "copy_blocks changed the cache on failure";
   }
   EXPECT_TRUE(status_is(pagedattn_kv_cache_copy_blocks(c, nullptr, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "pairs is NULL (num_pairs = 1)"));
   const int32_t p[2] = {0, 1};
   EXPECT_TRUE(status_is(pagedattn_kv_cache_copy_blocks(nullptr, p, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "cache is NULL"));
   EXPECT_TRUE(read_all(c) == before);
 }
 
@@ -770,28 +825,28 @@ TEST_F(Cache, SwapBlocksRefusals) {
   fill_random(a, rng);
   const int32_t p_oob[4] = {0, 1, 2, 4};
   EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, a, p_oob, 2, nullptr),
-                        PAGEDATTN_ERROR_OUT_OF_RANGE, "4"));
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "pairs[3] = 4 >= dst num_blocks 4"));
   const int32_t p_oob_src[2] = {9, 1};
   EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, a, p_oob_src, 1, nullptr),
-                        PAGEDATTN_ERROR_OUT_OF_RANGE, "9"));
+                        PAGEDATTN_ERROR_OUT_OF_RANGE, "pairs[0] = 9 >= src num_blocks 4"));
   const int32_t p_dup[4] = {0, 1, 2, 1};
   EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, a, p_dup, 2, nullptr),
-                        PAGEDATTN_ERROR_INVALID_ARGUMENT));
+                        PAGEDATTN_ERROR_INVALID_ARGUMENT, "pairs[3] = 1 repeats pairs[1]"));
   EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(nullptr, a, p_dup, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "dst is NULL"));
   EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, nullptr, p_dup, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "src is NULL"));
   EXPECT_TRUE(status_is(pagedattn_kv_cache_swap_blocks(b, a, nullptr, 1, nullptr),
-                        PAGEDATTN_ERROR_NULL_POINTER));
+                        PAGEDATTN_ERROR_NULL_POINTER, "pairs is NULL (num_pairs = 1)"));
   for (int which = 0; which < 5; ++which) {
     auto g2 = g;
     const char* what = "";
     switch (which) {
-      case 0: g2.head_size = 32; what = "head"; break;
-      case 1: g2.num_kv_heads = 1; what = "head"; break;
-      case 2: g2.dtype = PAGEDATTN_DTYPE_BFLOAT16; what = "dtype"; break;
-      case 3: g2.block_size = 8; what = "block"; break;
-      default: g2.num_layers = 3; what = "layer"; break;
+      case 0: g2.head_size = 32; what = "src head_size 32 != dst head_size 16"; break;
+      case 1: g2.num_kv_heads = 1; what = "src num_kv_heads 1 != dst num_kv_heads 2"; break;
+      case 2: g2.dtype = PAGEDATTN_DTYPE_BFLOAT16; what = "src dtype bfloat16 != dst dtype float16"; break;
+      case 3: g2.block_size = 8; what = "src block_size 8 != dst block_size 4"; break;
+      default: g2.num_layers = 3; what = "src num_layers 3 != dst num_layers 2"; break;
     }
     pagedattn_kv_cache* other = make(g2);
     ASSERT_NE(other, nullptr);
@@ -827,32 +882,47 @@ TEST_F(Cache, ReadLoadRoundTripAndRefusals) {
     EXPECT_EQ(std::memcmp(&after[2 * rec], &img[2 * rec], rec), 0);
     EXPECT_EQ(std::memcmp(&after[4 * rec], &img[4 * rec], rec), 0);
 
-    // Refusals leave buffer / cache alone.
+    // Refusals leave buffer / cache alone. Every refused read gets a freshly patterned
+    // destination and must leave every byte of it as it was.
+    const std::string short_by_one = "buffer_bytes = " + std::to_string(3 * rec - 1) +
+                                     " < 3 blocks x " + std::to_string(rec) + " bytes per block";
     std::vector<uint8_t> small(3 * rec - 1, 0xAB);
     EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, ids, 3, small.data(), small.size(), nullptr),
-                          PAGEDATTN_ERROR_INVALID_ARGUMENT));
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, short_by_one));
     EXPECT_TRUE(std::all_of(small.begin(), small.end(), [](uint8_t x) { return x == 0xAB; }));
+    const std::vector<uint8_t> pattern = [&] {
+      std::vector<uint8_t> p(buf.size());
+      for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<uint8_t>(i * 131 + 7);
+      return p;
+    }();
+    auto refused_read = [&](pagedattn_kv_cache* cc, const int32_t* ii, size_t n,
+                            pagedattn_status want, const std::string& needle, const char* what) {
+      buf = pattern;
+      EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(cc, ii, n, buf.data(), buf.size(), nullptr),
+                            want, needle)) << what;
+      EXPECT_TRUE(buf == pattern) << what << ": a refused read_blocks wrote its destination";
+    };
     const int32_t bad[2] = {1, 5};
-    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, bad, 2, buf.data(), buf.size(), nullptr),
-                          PAGEDATTN_ERROR_OUT_OF_RANGE, "5"));
+    refused_read(c, bad, 2, PAGEDATTN_ERROR_OUT_OF_RANGE, "block_ids[1] = 5 >= num_blocks 5",
+                 "block id past the cache");
     const int32_t neg[1] = {-1};
-    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, neg, 1, buf.data(), buf.size(), nullptr),
-                          PAGEDATTN_ERROR_OUT_OF_RANGE));
+    refused_read(c, neg, 1, PAGEDATTN_ERROR_OUT_OF_RANGE, "block_ids[0] = -1 < 0", "negative id");
+    refused_read(c, nullptr, 3, PAGEDATTN_ERROR_NULL_POINTER, "block_ids is NULL (num_ids = 3)",
+                 "NULL ids");
+    refused_read(nullptr, ids, 3, PAGEDATTN_ERROR_NULL_POINTER, "cache is NULL", "NULL cache");
     EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, ids, 3, nullptr, 0, nullptr),
-                          PAGEDATTN_ERROR_NULL_POINTER));
-    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(c, nullptr, 3, buf.data(), buf.size(), nullptr),
-                          PAGEDATTN_ERROR_NULL_POINTER));
-    EXPECT_TRUE(status_is(pagedattn_kv_cache_read_blocks(nullptr, ids, 3, buf.data(), buf.size(), nullptr),
-                          PAGEDATTN_ERROR_NULL_POINTER));
+                          PAGEDATTN_ERROR_NULL_POINTER, "buffer is NULL (num_ids = 3)"));
+    buf = pattern;
     const auto cur = read_all(c);
     const int32_t dup[2] = {1, 1};
     EXPECT_TRUE(status_is(pagedattn_kv_cache_load_blocks(c, dup, 2, buf.data(), buf.size(), nullptr),
-                          PAGEDATTN_ERROR_INVALID_ARGUMENT));
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, "block_ids[1] = 1 repeats block_ids[0]"));
     EXPECT_TRUE(status_is(pagedattn_kv_cache_load_blocks(c, bad, 2, buf.data(), buf.size(), nullptr),
-                          PAGEDATTN_ERROR_OUT_OF_RANGE));
+                          PAGEDATTN_ERROR_OUT_OF_RANGE, "block_ids[1] = 5 >= num_blocks 5"));
     EXPECT_TRUE(status_is(pagedattn_kv_cache_load_blocks(c, ids, 3, buf.data(), 3 * rec - 1, nullptr),
-                          PAGEDATTN_ERROR_INVALID_ARGUMENT));
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT, short_by_one));
     EXPECT_TRUE(read_all(c) == cur) << "failed loads changed the cache";
+    EXPECT_TRUE(buf == pattern) << "a refused load_blocks wrote its source buffer";
   }
 }
 

@@ -1,6 +1,7 @@
 // Every refusal of pagedattn_forward listed in attention.h: status, a message naming the problem,
 // and nothing written (out and lse poisoned and compared bitwise, the cache read back).
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -138,38 +139,51 @@ pagedattn_device other_device(pagedattn_device d) {
   return d;
 }
 
+// How messages name a device other_device() returns ("cpu:0", "cuda:1").
+std::string device_str(pagedattn_device d) {
+  return std::string(d.device_type == PAGEDATTN_DEVICE_CPU ? "cpu:" : "cuda:") +
+         std::to_string(d.device_id);
+}
+
+// A float as the messages print it (printf %g: "0", "-2", "nan", "inf").
+std::string g_str(float x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", static_cast<double>(x));
+  return b;
+}
+
 }  // namespace
 
 TEST_F(ForwardRefusal, NullsAndStructSize) {
-  refused("NULL backend", PAGEDATTN_ERROR_NULL_POINTER, "", [&] {
+  refused("NULL backend", PAGEDATTN_ERROR_NULL_POINTER, "backend is NULL", [&] {
     return pagedattn_forward(nullptr, dec, cache, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("NULL batch", PAGEDATTN_ERROR_NULL_POINTER, "batch", [&] {
+  refused("NULL batch", PAGEDATTN_ERROR_NULL_POINTER, "batch is NULL", [&] {
     return pagedattn_forward(be, nullptr, cache, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("NULL cache (decoder)", PAGEDATTN_ERROR_NULL_POINTER, "cache", [&] {
+  refused("NULL cache (decoder)", PAGEDATTN_ERROR_NULL_POINTER, "cache is NULL", [&] {
     return pagedattn_forward(be, dec, nullptr, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("NULL opts", PAGEDATTN_ERROR_NULL_POINTER, "", [&] {
+  refused("NULL opts", PAGEDATTN_ERROR_NULL_POINTER, "opts is NULL", [&] {
     return pagedattn_forward(be, dec, cache, 1, nullptr, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("NULL q", PAGEDATTN_ERROR_NULL_POINTER, "q", [&] {
+  refused("NULL q", PAGEDATTN_ERROR_NULL_POINTER, "q is NULL", [&] {
     return pagedattn_forward(be, dec, cache, 1, &opts, nullptr, k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("NULL out", PAGEDATTN_ERROR_NULL_POINTER, "out", [&] {
+  refused("NULL out", PAGEDATTN_ERROR_NULL_POINTER, "out is NULL", [&] {
     return pagedattn_forward(be, dec, cache, 1, &opts, q->t(), k->t(), v->t(), nullptr, lse->t(), nullptr);
   });
-  refused("NULL k with write_kv", PAGEDATTN_ERROR_NULL_POINTER, "k", [&] {
+  refused("NULL k with write_kv", PAGEDATTN_ERROR_NULL_POINTER, "k is NULL (needed by write_kv)", [&] {
     return pagedattn_forward(be, dec, cache, 1, &opts, q->t(), nullptr, v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("NULL v with write_kv", PAGEDATTN_ERROR_NULL_POINTER, "v", [&] {
+  refused("NULL v with write_kv", PAGEDATTN_ERROR_NULL_POINTER, "v is NULL (needed by write_kv)", [&] {
     return pagedattn_forward(be, dec, cache, 1, &opts, q->t(), k->t(), nullptr, out->t(), lse->t(), nullptr);
   });
   const auto saved = opts;
   opts.struct_size = 4;
-  refused("struct_size", PAGEDATTN_ERROR_STRUCT_SIZE, "", [&] { return call(); });
+  refused("struct_size", PAGEDATTN_ERROR_STRUCT_SIZE, "opts->struct_size = 4", [&] { return call(); });
   opts = saved;
-  refused("NULL data pointer", PAGEDATTN_ERROR_NULL_POINTER, "", [&] {
+  refused("NULL data pointer", PAGEDATTN_ERROR_NULL_POINTER, "q->data is NULL", [&] {
     pagedattn_tensor t = *q->t();
     t.data = nullptr;
     return pagedattn_forward(be, dec, cache, 1, &opts, &t, k->t(), v->t(), out->t(), lse->t(), nullptr);
@@ -184,17 +198,17 @@ TEST_F(ForwardRefusal, InvalidOptions) {
     const char* needle;
   };
   const Case cases[] = {
-      {"num_heads 0", [](auto& o) { o.num_heads = 0; }, "num_heads"},
-      {"num_kv_heads 0", [](auto& o) { o.num_kv_heads = 0; }, "num_kv_heads"},
-      {"head_size != cache's", [](auto& o) { o.head_size = 32; }, "head_size"},
-      {"negative window", [](auto& o) { o.sliding_window = -4; }, "window"},
-      {"negative soft cap", [](auto& o) { o.soft_cap = -1.0f; }, "cap"},
-      {"NaN soft cap", [](auto& o) { o.soft_cap = NAN; }, "cap"},
-      {"NaN scale", [](auto& o) { o.scale = NAN; }, "scale"},
-      {"infinite scale", [](auto& o) { o.scale = INFINITY; }, "scale"},
-      {"flags", [](auto& o) { o.flags = 1; }, "flags"},
-      {"attention_type", [](auto& o) { o.attention_type = static_cast<pagedattn_attention_type>(9); }, "type"},
-      {"write_kv 2", [](auto& o) { o.write_kv = 2; }, "write_kv"},
+      {"num_heads 0", [](auto& o) { o.num_heads = 0; }, "opts->num_heads = 0"},
+      {"num_kv_heads 0", [](auto& o) { o.num_kv_heads = 0; }, "opts->num_kv_heads = 0"},
+      {"head_size != cache's", [](auto& o) { o.head_size = 32; }, "opts->head_size 32 != cache head_size 64"},
+      {"negative window", [](auto& o) { o.sliding_window = -4; }, "opts->sliding_window = -4"},
+      {"negative soft cap", [](auto& o) { o.soft_cap = -1.0f; }, "opts->soft_cap = -1"},
+      {"NaN soft cap", [](auto& o) { o.soft_cap = NAN; }, "opts->soft_cap = nan"},
+      {"NaN scale", [](auto& o) { o.scale = NAN; }, "opts->scale = nan"},
+      {"infinite scale", [](auto& o) { o.scale = INFINITY; }, "opts->scale = inf"},
+      {"flags", [](auto& o) { o.flags = 1; }, "opts->flags = 0x1"},
+      {"attention_type", [](auto& o) { o.attention_type = static_cast<pagedattn_attention_type>(9); }, "opts->attention_type = 9"},
+      {"write_kv 2", [](auto& o) { o.write_kv = 2; }, "opts->write_kv = 2"},
   };
   for (const Case& c : cases) {
     opts = saved;
@@ -210,14 +224,14 @@ TEST_F(ForwardRefusal, HeadsNotDivisible) {
   auto l3 = pat::Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, T, 3);
   q3.upload();
   opts.num_heads = 3;
-  refused("H % Hkv != 0", PAGEDATTN_ERROR_INVALID_ARGUMENT, "heads", [&] {
+  refused("H % Hkv != 0", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_heads 3 is not a multiple of opts->num_kv_heads 2", [&] {
     return pagedattn_forward(be, dec, cache, 1, &opts, q3.t(), k->t(), v->t(), o3.t(), l3->t(), nullptr);
   });
   // Hkv = 1 while the cache has 2 KV heads.
   pat::Tensor k1(dev, PAGEDATTN_DTYPE_FLOAT16, T, 1, D), v1(dev, PAGEDATTN_DTYPE_FLOAT16, T, 1, D);
   opts.num_heads = H;
   opts.num_kv_heads = 1;
-  refused("num_kv_heads != cache's", PAGEDATTN_ERROR_INVALID_ARGUMENT, "kv_heads", [&] {
+  refused("num_kv_heads != cache's", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_kv_heads 1 != cache num_kv_heads 2", [&] {
     return pagedattn_forward(be, dec, cache, 1, &opts, q->t(), k1.t(), v1.t(), out->t(), lse->t(), nullptr);
   });
 }
@@ -244,29 +258,30 @@ TEST_F(ForwardRefusal, BadTensors) {
   static int64_t lse_shape[2] = {T, H + 1};
   static int64_t stride2[3] = {H * D * 2, D * 2, 2};
   static int64_t lse_stride[2] = {H * 2, 2};
-  refused("q rank 2", PAGEDATTN_ERROR_BAD_TENSOR, "q", with(q.get(), [](auto& t) { t.ndim = 2; t.shape = rank2; t.strides = nullptr; }));
-  refused("q rows != num_tokens", PAGEDATTN_ERROR_BAD_TENSOR, "q", with(q.get(), [](auto& t) { t.shape = rows_plus; }));
-  refused("out rows", PAGEDATTN_ERROR_BAD_TENSOR, "out", with(out.get(), [](auto& t) { t.shape = rows_minus; }));
-  refused("q heads != num_heads", PAGEDATTN_ERROR_BAD_TENSOR, "q", with(q.get(), [](auto& t) { t.shape = heads_wrong; t.strides = nullptr; }));
-  refused("q dim != head_size", PAGEDATTN_ERROR_BAD_TENSOR, "q", with(q.get(), [](auto& t) { t.shape = dim_wrong; }));
-  refused("k rows", PAGEDATTN_ERROR_BAD_TENSOR, "k", with(k.get(), [](auto& t) { t.shape = k_rows; t.strides = nullptr; }));
-  refused("lse shape", PAGEDATTN_ERROR_BAD_TENSOR, "lse", with(lse.get(), [](auto& t) { t.shape = lse_shape; }));
-  refused("q non-unit inner stride", PAGEDATTN_ERROR_BAD_TENSOR, "stride", with(q.get(), [](auto& t) { t.strides = stride2; }));
-  refused("out non-unit inner stride", PAGEDATTN_ERROR_BAD_TENSOR, "stride", with(out.get(), [](auto& t) { t.strides = stride2; }));
-  refused("lse non-unit inner stride", PAGEDATTN_ERROR_BAD_TENSOR, "stride", with(lse.get(), [](auto& t) { t.strides = lse_stride; }));
-  refused("q float64", PAGEDATTN_ERROR_BAD_TENSOR, "", with(q.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_FLOAT, 64, 1}; }));
-  refused("q int16", PAGEDATTN_ERROR_BAD_TENSOR, "", with(q.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_INT, 16, 1}; }));
-  refused("q lanes 2", PAGEDATTN_ERROR_BAD_TENSOR, "", with(q.get(), [](auto& t) { t.dtype.lanes = 2; }));
-  refused("out dtype != q dtype", PAGEDATTN_ERROR_BAD_TENSOR, "", with(out.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_BFLOAT, 16, 1}; }));
-  refused("k dtype != q dtype", PAGEDATTN_ERROR_BAD_TENSOR, "", with(k.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_BFLOAT, 16, 1}; }));
-  refused("lse float16", PAGEDATTN_ERROR_BAD_TENSOR, "lse", with(lse.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_FLOAT, 16, 1}; }));
-  refused("q fp8 (cache-only type)", PAGEDATTN_ERROR_BAD_TENSOR, "", with(q.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_FLOAT8_E4M3FN, 8, 1}; }));
+  refused("q rank 2", PAGEDATTN_ERROR_BAD_TENSOR, "q: ndim 2 != 3", with(q.get(), [](auto& t) { t.ndim = 2; t.shape = rank2; t.strides = nullptr; }));
+  refused("q rows != num_tokens", PAGEDATTN_ERROR_BAD_TENSOR, "q: shape [5, 4, 64] != expected [4, 4, 64]", with(q.get(), [](auto& t) { t.shape = rows_plus; }));
+  refused("out rows", PAGEDATTN_ERROR_BAD_TENSOR, "out: shape [3, 4, 64]", with(out.get(), [](auto& t) { t.shape = rows_minus; }));
+  refused("q heads != num_heads", PAGEDATTN_ERROR_BAD_TENSOR, "q: shape [4, 8, 64]", with(q.get(), [](auto& t) { t.shape = heads_wrong; t.strides = nullptr; }));
+  refused("q dim != head_size", PAGEDATTN_ERROR_BAD_TENSOR, "q: shape [4, 4, 32]", with(q.get(), [](auto& t) { t.shape = dim_wrong; }));
+  refused("k rows", PAGEDATTN_ERROR_BAD_TENSOR, "k: shape [6, 2, 64] != expected [4, 2, 64]", with(k.get(), [](auto& t) { t.shape = k_rows; t.strides = nullptr; }));
+  refused("lse shape", PAGEDATTN_ERROR_BAD_TENSOR, "lse: shape [4, 5] != expected [4, 4]", with(lse.get(), [](auto& t) { t.shape = lse_shape; }));
+  refused("q non-unit inner stride", PAGEDATTN_ERROR_BAD_TENSOR, "q: innermost stride 2", with(q.get(), [](auto& t) { t.strides = stride2; }));
+  refused("out non-unit inner stride", PAGEDATTN_ERROR_BAD_TENSOR, "out: innermost stride 2", with(out.get(), [](auto& t) { t.strides = stride2; }));
+  refused("lse non-unit inner stride", PAGEDATTN_ERROR_BAD_TENSOR, "lse: innermost stride 2", with(lse.get(), [](auto& t) { t.strides = lse_stride; }));
+  refused("q float64", PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype {code 2, bits 64, lanes 1}", with(q.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_FLOAT, 64, 1}; }));
+  refused("q int16", PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype {code 0, bits 16, lanes 1}", with(q.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_INT, 16, 1}; }));
+  refused("q lanes 2", PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype {code 2, bits 16, lanes 2}", with(q.get(), [](auto& t) { t.dtype.lanes = 2; }));
+  refused("out dtype != q dtype", PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype float16 != out dtype bfloat16", with(out.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_BFLOAT, 16, 1}; }));
+  refused("k dtype != q dtype", PAGEDATTN_ERROR_BAD_TENSOR, "k: dtype bfloat16 != q dtype float16", with(k.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_BFLOAT, 16, 1}; }));
+  refused("lse float16", PAGEDATTN_ERROR_BAD_TENSOR, "lse: dtype {code 2, bits 16, lanes 1} is not float32", with(lse.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_FLOAT, 16, 1}; }));
+  refused("q fp8 (cache-only type)", PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype {code 10, bits 8, lanes 1}", with(q.get(), [](auto& t) { t.dtype = {PAGEDATTN_DLPACK_FLOAT8_E4M3FN, 8, 1}; }));
   const pagedattn_device od = other_device(dev);
-  refused("q on another device", PAGEDATTN_ERROR_WRONG_DEVICE, "", with(q.get(), [od](auto& t) { t.device = od; }));
-  refused("out on another device", PAGEDATTN_ERROR_WRONG_DEVICE, "", with(out.get(), [od](auto& t) { t.device = od; }));
-  refused("lse on another device", PAGEDATTN_ERROR_WRONG_DEVICE, "", with(lse.get(), [od](auto& t) { t.device = od; }));
+  const std::string od_str = device_str(od);
+  refused("q on another device", PAGEDATTN_ERROR_WRONG_DEVICE, "q: on " + od_str, with(q.get(), [od](auto& t) { t.device = od; }));
+  refused("out on another device", PAGEDATTN_ERROR_WRONG_DEVICE, "out: on " + od_str, with(out.get(), [od](auto& t) { t.device = od; }));
+  refused("lse on another device", PAGEDATTN_ERROR_WRONG_DEVICE, "lse: on " + od_str, with(lse.get(), [od](auto& t) { t.device = od; }));
   if (dev.device_type != PAGEDATTN_DEVICE_CPU) {  // another GPU ordinal
-    refused("k on another device id", PAGEDATTN_ERROR_WRONG_DEVICE, "", with(k.get(), [](auto& t) { t.device.device_id = 5; }));
+    refused("k on another device id", PAGEDATTN_ERROR_WRONG_DEVICE, "k: on ", with(k.get(), [](auto& t) { t.device.device_id = 5; }));
   }
 }
 
@@ -275,18 +290,23 @@ TEST_F(ForwardRefusal, AlibiSlopesTensor) {
   static int64_t wrong[1] = {H + 1};
   s.shape = wrong;
   opts.alibi_slopes = &s;
-  refused("ALiBi slopes shape", PAGEDATTN_ERROR_BAD_TENSOR, "alibi", [&] { return call(); });
+  refused("ALiBi slopes shape", PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: shape [5] != expected [4]", [&] { return call(); });
   s = *slopes->t();
   s.dtype = {PAGEDATTN_DLPACK_FLOAT, 16, 1};
-  refused("ALiBi slopes dtype", PAGEDATTN_ERROR_BAD_TENSOR, "alibi", [&] { return call(); });
+  refused("ALiBi slopes dtype", PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: dtype {code 2, bits 16, lanes 1}", [&] { return call(); });
+  s = *slopes->t();
+  static int64_t stride2[1] = {2};
+  s.strides = stride2;
+  refused("ALiBi slopes stride", PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: innermost stride 2 != 1",
+          [&] { return call(); });
   s = *slopes->t();
   s.device = other_device(dev);
-  refused("ALiBi slopes device", PAGEDATTN_ERROR_WRONG_DEVICE, "alibi", [&] { return call(); });
+  refused("ALiBi slopes device", PAGEDATTN_ERROR_WRONG_DEVICE, "opts->alibi_slopes: on " + device_str(other_device(dev)), [&] { return call(); });
 }
 
 TEST_F(ForwardRefusal, LayerOutOfRange) {
   for (int layer : {L, -1, 1000}) {
-    refused("layer", PAGEDATTN_ERROR_OUT_OF_RANGE, "layer", [&] {
+    refused("layer", PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = " + std::to_string(layer) + " is not in [0, 2)", [&] {
       return pagedattn_forward(be, dec, cache, layer, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
     });
   }
@@ -295,44 +315,44 @@ TEST_F(ForwardRefusal, LayerOutOfRange) {
 TEST_F(ForwardRefusal, AttentionTypeRules) {
   opts.alibi_slopes = slopes->t();
   opts.attention_type = PAGEDATTN_ATTENTION_ENCODER;
-  refused("ALiBi with encoder", PAGEDATTN_ERROR_INVALID_ARGUMENT, "alibi", [&] {
+  refused("ALiBi with encoder", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->alibi_slopes is set but ALiBi applies to decoder attention only (type encoder)", [&] {
     return pagedattn_forward(be, enc, cache, 0, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   opts.attention_type = PAGEDATTN_ATTENTION_CROSS;
-  refused("ALiBi with cross", PAGEDATTN_ERROR_INVALID_ARGUMENT, "alibi", [&] {
+  refused("ALiBi with cross", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->alibi_slopes is set but ALiBi applies to decoder attention only (type cross)", [&] {
     return pagedattn_forward(be, crs, cache, 0, &opts, q->t(), nullptr, nullptr, out->t(), lse->t(), nullptr);
   });
   opts.alibi_slopes = nullptr;
   opts.sliding_window = 8;
-  refused("window with cross", PAGEDATTN_ERROR_INVALID_ARGUMENT, "window", [&] {
+  refused("window with cross", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->sliding_window = 8 but a window applies to decoder attention only (type cross)", [&] {
     opts.write_kv = 0;
     return pagedattn_forward(be, crs, cache, 0, &opts, q->t(), nullptr, nullptr, out->t(), lse->t(), nullptr);
   });
   opts.write_kv = 1;
   opts.attention_type = PAGEDATTN_ATTENTION_ENCODER;
-  refused("window with encoder", PAGEDATTN_ERROR_INVALID_ARGUMENT, "window", [&] {
+  refused("window with encoder", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->sliding_window = 8 but a window applies to decoder attention only (type encoder)", [&] {
     return pagedattn_forward(be, enc, cache, 0, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   opts.sliding_window = 0;
-  refused("encoder with context > 0", PAGEDATTN_ERROR_INVALID_ARGUMENT, "context", [&] {
+  refused("encoder with context > 0", PAGEDATTN_ERROR_INVALID_ARGUMENT, "encoder attention needs every context_len == 0", [&] {
     return pagedattn_forward(be, dec, cache, 0, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   opts.attention_type = PAGEDATTN_ATTENTION_ENCODER_ONLY;
-  refused("encoder-only with context > 0", PAGEDATTN_ERROR_INVALID_ARGUMENT, "context", [&] {
+  refused("encoder-only with context > 0", PAGEDATTN_ERROR_INVALID_ARGUMENT, "encoder-only attention needs every context_len == 0", [&] {
     opts.write_kv = 0;
     return pagedattn_forward(be, dec, nullptr, 0, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   opts.write_kv = 1;
-  refused("write_kv with encoder-only", PAGEDATTN_ERROR_INVALID_ARGUMENT, "write_kv", [&] {
+  refused("write_kv with encoder-only", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->write_kv = 1 with encoder-only attention", [&] {
     return pagedattn_forward(be, enc, nullptr, 0, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   opts.write_kv = 0;
-  refused("encoder-only without k/v", PAGEDATTN_ERROR_NULL_POINTER, "", [&] {
+  refused("encoder-only without k/v", PAGEDATTN_ERROR_NULL_POINTER, "k is NULL (needed by encoder attention", [&] {
     return pagedattn_forward(be, enc, nullptr, 0, &opts, q->t(), nullptr, nullptr, out->t(), lse->t(), nullptr);
   });
   opts.attention_type = PAGEDATTN_ATTENTION_CROSS;
   opts.write_kv = 0;
-  refused("cross on a batch without encoder lengths", PAGEDATTN_ERROR_INVALID_ARGUMENT, "", [&] {
+  refused("cross on a batch without encoder lengths", PAGEDATTN_ERROR_INVALID_ARGUMENT, "cross attention needs a batch planned with encoder_lens", [&] {
     return pagedattn_forward(be, dec, cache, 0, &opts, q->t(), nullptr, nullptr, out->t(), lse->t(), nullptr);
   });
 }
@@ -345,12 +365,12 @@ TEST_F(ForwardRefusal, Fp8ScalesAndDtypeCombinations) {
   for (float bad : {0.0f, -2.0f, NAN, INFINITY}) {
     opts.k_scale = bad;
     opts.v_scale = 1.0f;
-    refused("bad k_scale", PAGEDATTN_ERROR_INVALID_ARGUMENT, "scale", [&] {
+    refused("bad k_scale", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->k_scale = " + g_str(bad), [&] {
       return pagedattn_forward(be, dec, fp8, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
     });
     opts.k_scale = 1.0f;
     opts.v_scale = bad;
-    refused("bad v_scale", PAGEDATTN_ERROR_INVALID_ARGUMENT, "scale", [&] {
+    refused("bad v_scale", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->v_scale = " + g_str(bad), [&] {
       return pagedattn_forward(be, dec, fp8, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
     });
   }
@@ -359,7 +379,7 @@ TEST_F(ForwardRefusal, Fp8ScalesAndDtypeCombinations) {
   // f32 tensors over an f16 cache: a dtype combination no backend offers.
   pat::Tensor q32(dev, PAGEDATTN_DTYPE_FLOAT32, T, H, D), k32(dev, PAGEDATTN_DTYPE_FLOAT32, T, HKV, D),
       v32(dev, PAGEDATTN_DTYPE_FLOAT32, T, HKV, D), o32(dev, PAGEDATTN_DTYPE_FLOAT32, T, H, D);
-  refused("f32 tensors, f16 cache", PAGEDATTN_ERROR_UNSUPPORTED, "float", [&] {
+  refused("f32 tensors, f16 cache", PAGEDATTN_ERROR_UNSUPPORTED, "q dtype float32 with a float16 cache is not supported", [&] {
     return pagedattn_forward(be, dec, cache, 1, &opts, q32.t(), k32.t(), v32.t(), o32.t(), lse->t(), nullptr);
   });
 }
@@ -370,22 +390,22 @@ TEST_F(ForwardRefusal, HandlesOfAnotherBackendOrDestroyed) {
   pagedattn_kv_cache* c2 = make_cache(PAGEDATTN_DTYPE_FLOAT16, NB, BS, be2);
   pagedattn_batch* b2 = plan({3, 1}, {5, 20}, {6, 0, 2, 4}, 2, c2, nullptr, nullptr, be2);
   ASSERT_TRUE(c2 && b2);
-  refused("cache of another backend", PAGEDATTN_ERROR_INVALID_HANDLE, "", [&] {
+  refused("cache of another backend", PAGEDATTN_ERROR_INVALID_HANDLE, "cache belongs to another backend", [&] {
     return pagedattn_forward(be, dec, c2, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("batch of another backend", PAGEDATTN_ERROR_INVALID_HANDLE, "", [&] {
+  refused("batch of another backend", PAGEDATTN_ERROR_INVALID_HANDLE, "batch belongs to another backend", [&] {
     return pagedattn_forward(be, b2, cache, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   // A handle of the wrong kind (the magic check).
-  refused("a batch passed as a cache", PAGEDATTN_ERROR_INVALID_HANDLE, "", [&] {
+  refused("a batch passed as a cache", PAGEDATTN_ERROR_INVALID_HANDLE, "cache was destroyed or is not a pagedattn_kv_cache", [&] {
     return pagedattn_forward(be, dec, reinterpret_cast<pagedattn_kv_cache*>(dec), 1, &opts, q->t(),
                              k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("a cache passed as a batch", PAGEDATTN_ERROR_INVALID_HANDLE, "", [&] {
+  refused("a cache passed as a batch", PAGEDATTN_ERROR_INVALID_HANDLE, "batch was destroyed or is not a pagedattn_batch", [&] {
     return pagedattn_forward(be, reinterpret_cast<pagedattn_batch*>(cache), cache, 1, &opts, q->t(),
                              k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
-  refused("a cache passed as a backend", PAGEDATTN_ERROR_INVALID_HANDLE, "", [&] {
+  refused("a cache passed as a backend", PAGEDATTN_ERROR_INVALID_HANDLE, "backend was destroyed or is not a pagedattn_backend", [&] {
     return pagedattn_forward(reinterpret_cast<pagedattn_backend*>(cache), dec, cache, 1, &opts,
                              q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
@@ -394,16 +414,16 @@ TEST_F(ForwardRefusal, HandlesOfAnotherBackendOrDestroyed) {
   pagedattn_kv_cache* gone = make_cache(PAGEDATTN_DTYPE_FLOAT16, NB, BS);
   caches_.pop_back();
   pagedattn_kv_cache_destroy(gone);
-  refused("destroyed cache", PAGEDATTN_ERROR_INVALID_HANDLE, "", [&] {
+  refused("destroyed cache", PAGEDATTN_ERROR_INVALID_HANDLE, "cache was destroyed or is not a pagedattn_kv_cache", [&] {
     return pagedattn_forward(be, dec, gone, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   // A cache whose geometry differs from the one planned.
   pagedattn_kv_cache* smaller = make_cache(PAGEDATTN_DTYPE_FLOAT16, NB - 1, BS);
-  refused("cache with another block count", PAGEDATTN_ERROR_INVALID_ARGUMENT, "block", [&] {
+  refused("cache with another block count", PAGEDATTN_ERROR_INVALID_ARGUMENT, "cache num_blocks 7 != 8", [&] {
     return pagedattn_forward(be, dec, smaller, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   pagedattn_kv_cache* other_bs = make_cache(PAGEDATTN_DTYPE_FLOAT16, NB, BS * 2);
-  refused("cache with another block size", PAGEDATTN_ERROR_INVALID_ARGUMENT, "block", [&] {
+  refused("cache with another block size", PAGEDATTN_ERROR_INVALID_ARGUMENT, "cache block_size 32 != 16", [&] {
     return pagedattn_forward(be, dec, other_bs, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
   });
   // Release be2's objects before be2 (TearDown would do it after).

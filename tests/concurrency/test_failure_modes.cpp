@@ -436,7 +436,15 @@ TEST(FailureModes, TensorStrideOverflowRefused) {
   d.block_size = 4;
   pagedattn_kv_cache* c = nullptr;
   ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_OK) << pagedattn_last_error();
-  std::vector<float> k(3 * 8), v(3 * 8);
+  // A patterned cache and non-zero rows, so that any write the refusal let through would show.
+  uint64_t bpb = 0;
+  ASSERT_EQ(pagedattn_kv_cache_bytes_per_block(&bpb, &d), PAGEDATTN_OK);
+  std::vector<uint8_t> image(bpb * 4);
+  for (size_t i = 0; i < image.size(); ++i) image[i] = static_cast<uint8_t>(i * 37 + 11);
+  const int32_t ids[4] = {0, 1, 2, 3};
+  ASSERT_EQ(pagedattn_kv_cache_load_blocks(c, ids, 4, image.data(), image.size(), nullptr),
+            PAGEDATTN_OK) << pagedattn_last_error();
+  std::vector<float> k(3 * 8, 1.5f), v(3 * 8, -2.5f);
   int64_t shape[3] = {3, 1, 8};
   int64_t huge[3] = {INT64_MAX / 3, 8, 1};  // row 2 starts at byte 8 * (INT64_MAX / 3)
   pagedattn_tensor kt{k.data(), {PAGEDATTN_DEVICE_CPU, 0}, 3, {PAGEDATTN_DLPACK_FLOAT, 32, 1},
@@ -448,9 +456,14 @@ TEST(FailureModes, TensorStrideOverflowRefused) {
   pagedattn_tensor st{slots, {PAGEDATTN_DEVICE_CPU, 0}, 1, {PAGEDATTN_DLPACK_INT, 64, 1}, sshape,
                       nullptr, 0};
   const pagedattn_status s = pagedattn_kv_cache_write(c, 0, &kt, &vt, &st, 1, 1, nullptr);
-  EXPECT_TRUE(s == PAGEDATTN_ERROR_OVERFLOW || s == PAGEDATTN_ERROR_BAD_TENSOR)
-      << pagedattn_status_string(s) << ": " << pagedattn_last_error();
-  EXPECT_TRUE(message_has("value")) << pagedattn_last_error();
+  EXPECT_EQ(s, PAGEDATTN_ERROR_OVERFLOW) << pagedattn_status_string(s) << ": " << pagedattn_last_error();
+  // "value: byte_offset 0 + element offsets [0, 6148914691236517212] x 4 bytes overflow int64"
+  EXPECT_TRUE(message_has("value: byte_offset 0 + element offsets [0, ")) << pagedattn_last_error();
+  EXPECT_TRUE(message_has("overflow int64")) << pagedattn_last_error();
+  std::vector<uint8_t> after(image.size());
+  ASSERT_EQ(pagedattn_kv_cache_read_blocks(c, ids, 4, after.data(), after.size(), nullptr),
+            PAGEDATTN_OK) << pagedattn_last_error();
+  EXPECT_TRUE(after == image) << "a refused write changed the cache";
   pagedattn_kv_cache_destroy(c);
   pagedattn_backend_destroy(be);
 }

@@ -3,11 +3,20 @@
  * guarded buffer of exactly the size the call may read; on failure nothing may change (the out
  * handle, the inputs, an updated batch's contents); on success the plan must only point inside
  * the cache (every used block id < num_blocks, every slot in [-1, num_blocks*block_size)) and
- * agree with the lengths. */
+ * agree with the lengths. Capacities (max_num_seqs, max_blocks_per_seq, ...) range up to the
+ * type's maximum: the host metadata they size is charged to the backend's memory_limit, so a
+ * large one must come back as OUT_OF_MEMORY, and under ASan a successful create may not take
+ * more host memory than the limit allows (kCreateBound). */
 #include <algorithm>
+#include <climits>
 #include <memory>
 
 #include "fuzz_common.h"
+
+#ifdef PAF_ASAN
+/* From <sanitizer/allocator_interface.h>, which gcc does not ship; both runtimes define it. */
+extern "C" size_t __sanitizer_get_current_allocated_bytes(void);
+#endif
 
 namespace {
 
@@ -15,6 +24,45 @@ using paf::Guarded;
 using paf::Input;
 
 constexpr int64_t kMaxEntries = 1 << 15; /* largest array the fuzzer hands over */
+/* The batch target's memory_limit: far above any batch the arrays above can describe, far below
+ * libFuzzer's malloc and RSS limits, so an over-large capacity is refused cheaply. */
+constexpr uint64_t kMemoryLimit = 16ull << 20;
+/* What a successful create may take: the core charges the host metadata against memory_limit
+ * and the backend charges its batch workspace (per-sequence split bookkeeping, scratch) against
+ * its own count of the same limit, so each is bounded by the limit but together they may reach
+ * twice it; plus the handle and the plan's bookkeeping. */
+constexpr size_t kCreateBound = 2 * kMemoryLimit + (256u << 10);
+
+pagedattn_backend* batch_backend() {
+  static pagedattn_backend* be = [] {
+    pagedattn_backend_options o;
+    pagedattn_backend_options_init(&o);
+    o.num_threads = 1;
+    o.memory_limit = kMemoryLimit;
+    pagedattn_backend* b = nullptr;
+    if (pagedattn_backend_create(&b, "cpu", &o) != PAGEDATTN_OK) paf::die("cpu backend unavailable");
+    return b;
+  }();
+  return be;
+}
+
+/* Heap bytes in use (ASan's allocator); 0 without ASan, which turns the check off. */
+size_t heap_in_use() {
+#ifdef PAF_ASAN
+  return __sanitizer_get_current_allocated_bytes();
+#else
+  return 0;
+#endif
+}
+
+/* A capacity: mostly near `good`, sometimes a power of two up to 2^(bits-1), or the maximum. */
+int64_t capacity(Input& in, int64_t good, int bits) {
+  const uint8_t m = in.u8();
+  const int64_t top = bits == 32 ? INT32_MAX : INT64_MAX;
+  if (m < 160) return in.near_i64(good);
+  if (m < 240) return std::min<int64_t>(top, int64_t{1} << in.range(8, bits - 2));
+  return top - in.range(0, 1);
+}
 
 struct Geo {
   int32_t num_blocks, block_size;
@@ -147,18 +195,14 @@ void build(Desc& out, Input& in, const Geo& g, bool cross_cache) {
     d->cross_block_tables = reinterpret_cast<int32_t*>(out.ctables->data());
   }
   if (in.u8() < 96) {
-    d->max_num_seqs = in.near_i32(n + 2);
-    d->max_num_tokens = in.near_i64(200);
-    d->max_blocks_per_seq = in.near_i32(d->block_table_stride);
-    d->max_num_encoder_tokens = in.near_i64(0);
-    d->max_seq_len = in.near_i64(0);
-    /* Large capacities make the core reserve num_seqs x max_blocks_per_seq host entries outside
-     * memory_limit (reported; reproducer FailureModes.DISABLED_BatchHostTablesOverMemoryLimit):
-     * keep them small enough not to hit libFuzzer's memory limit over and over. */
-    if (d->max_num_seqs > 4096 || d->max_blocks_per_seq > 4096 ||
-        d->max_num_tokens > (1 << 20) || d->max_num_encoder_tokens > (1 << 20) ||
-        d->max_seq_len > (1 << 20)) /* sizes the cross tables: num_seqs x max_seq_len/bs */
-      out.skip = true;
+    /* Any size: the host tables, slots and lengths they size are charged to memory_limit
+     * (d319673; reproducer FailureModes.BatchHostTablesOverMemoryLimit), so large ones must be
+     * refused with OUT_OF_MEMORY before anything is allocated. */
+    d->max_num_seqs = static_cast<int32_t>(capacity(in, n + 2, 32));
+    d->max_num_tokens = capacity(in, 200, 64);
+    d->max_blocks_per_seq = static_cast<int32_t>(capacity(in, d->block_table_stride, 32));
+    d->max_num_encoder_tokens = capacity(in, 0, 64);
+    d->max_seq_len = capacity(in, 0, 64);
   }
 }
 
@@ -247,7 +291,7 @@ void check_plan(const Seen& s, const pagedattn_batch_desc& d, const Geo& g) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Input in(data, size);
-  pagedattn_backend* be = paf::cpu_backend();
+  pagedattn_backend* be = batch_backend();
   Geo g{in.range(1, 64), 1 << in.range(0, 8)};
   pagedattn_kv_cache_desc cd;
   pagedattn_kv_cache_desc_init(&cd);
@@ -274,8 +318,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   d1.snapshot();
   auto* const sentinel = reinterpret_cast<pagedattn_batch*>(static_cast<uintptr_t>(0x5a5a5a50));
   pagedattn_batch* batch = sentinel;
+  const size_t heap_before = heap_in_use();
   pagedattn_status st = pagedattn_batch_create(&batch, be, self, cross, d1.d);
+  const size_t heap_after = heap_in_use();
   paf::check_status(st, "batch_create");
+  PAF_CHECK(heap_after <= heap_before + kCreateBound,
+            "batch_create (%s) took %zu bytes of host memory, memory_limit %llu (num_seqs %d, "
+            "capacities: seqs %d, tokens %lld, blocks/seq %d, encoder tokens %lld, seq_len %lld)",
+            pagedattn_status_string(st), heap_after - heap_before,
+            static_cast<unsigned long long>(kMemoryLimit), d1.d->num_seqs, d1.d->max_num_seqs,
+            static_cast<long long>(d1.d->max_num_tokens), d1.d->max_blocks_per_seq,
+            static_cast<long long>(d1.d->max_num_encoder_tokens),
+            static_cast<long long>(d1.d->max_seq_len));
   d1.check_unchanged("batch_create");
   d1.desc_mem->check("batch_create");
   if (st != PAGEDATTN_OK) {

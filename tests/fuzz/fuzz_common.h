@@ -6,6 +6,7 @@
 
 #include <pagedattn/pagedattn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -303,9 +304,12 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     if (f.shape[i] <= 0) empty = true;
   __int128 lo = 0, hi = 0;
   if (!empty && t.shape) {
+    /* Each span is below 2^126; the sums saturate at 2^100 (far past INT64_MAX) so that six of
+     * them, and the multiplication by esize below, cannot overflow __int128. */
+    const __int128 cap = static_cast<__int128>(1) << 100;
     for (int i = 0; i < n; ++i) {
       const __int128 span = static_cast<__int128>(f.shape[i] - 1) * f.strides[i];
-      if (span < 0) lo += span; else hi += span;
+      if (span < 0) lo = std::max(lo + span, -cap); else hi = std::min(hi + span, cap);
     }
     hi += 1;
     const __int128 lim = static_cast<__int128>(INT64_MAX);
@@ -319,6 +323,11 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     }
   }
   const __int128 bytes = (hi - lo) * static_cast<__int128>(f.esize);
+  /* Elements, which zero strides make far more than the bytes they span: the targets visit each
+   * one (for_each_elem), so too many cannot be backed either. */
+  __int128 elems = 1;
+  if (!empty && t.shape)
+    for (int i = 0; i < n && elems <= static_cast<__int128>(max_bytes); ++i) elems *= f.shape[i];
   /* Without a readable shape no element can be located: nothing is backed. */
   const bool locatable = empty || t.shape != nullptr;
   if (!locatable) {
@@ -326,7 +335,7 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     t.data = f.mem->data();
     f.lo = 0;
   } else if (f.overflow || bytes > static_cast<__int128>(max_bytes) ||
-      t.byte_offset > (uint64_t(1) << 20)) {
+             elems > static_cast<__int128>(max_bytes) || t.byte_offset > (uint64_t(1) << 20)) {
     /* Cannot be backed: a tiny buffer, so a call that wrongly accepts it is caught by ASan. */
     if (!f.overflow) f.skip = true;
     f.mem = std::make_unique<Guarded>(16);

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets with clang (libFuzzer + ASan + UBSan, the library instrumented for
-# coverage) and runs each one time-boxed on its seed corpus.
+# coverage; its CPU kernels for the one SIMD target this CPU runs) and runs each one time-boxed
+# on its seed corpus.
 #   tests/fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]    (default 60 s; targets: batch cache forward)
 # Environment: FUZZ_BUILDDIR (default build-fuzz), FUZZ_JOBS (libFuzzer -jobs, default 1),
 # FUZZ_NO_REBUILD=1 (fuzz the library already built there), NINJAFLAGS. New inputs go to $FUZZ_BUILDDIR/corpus/<target>, crashes to
 # $FUZZ_BUILDDIR/artifacts/. Prints one "fuzz <target>: ..." line per target with executions,
-# coverage and crashes; exits non-zero if any target found something.
+# coverage and crashes; exits non-zero if any target found something, and 77 ("fuzz: SKIP", which
+# scripts/test reports as SKIP, never PASS) when clang or libFuzzer is missing (scripts/setup
+# installs clang and libclang-rt-dev).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -20,27 +23,27 @@ CC=${FUZZ_CC:-clang}
 CXX=${FUZZ_CXX:-clang++}
 
 if ! command -v "$CXX" > /dev/null; then
-  echo "fuzz: skipped: $CXX not found (apt-get install clang)"
-  exit 0
+  echo "fuzz: SKIP: $CXX not found (scripts/setup installs clang)"
+  exit 77
 fi
-# libFuzzer ships with Debian's clang (libclang-rt-*-dev on newer releases).
+# libFuzzer's runtime (libclang_rt.fuzzer) is in libclang-rt-14-dev on Debian bookworm, which
+# clang only recommends; libclang-rt-dev (scripts/setup) pulls in the default clang's.
 probe=$(mktemp -d)
 trap 'rm -rf "$probe"' EXIT
 printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' \
   > "$probe/p.cpp"
 if ! "$CXX" -fsanitize=fuzzer "$probe/p.cpp" -o "$probe/p" 2> "$probe/err"; then
   cat "$probe/err"
-  echo "fuzz: skipped: $CXX cannot link -fsanitize=fuzzer (install libclang-rt-dev for it)"
-  exit 0
+  echo "fuzz: SKIP: $CXX cannot link -fsanitize=fuzzer (scripts/setup installs libclang-rt-dev)"
+  exit 77
 fi
 
 san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
-lib_args="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all"
-opts=(-Dbuildtype=debugoptimized -Db_ndebug=false -Db_lundef=false
+lib_args="-fsanitize=fuzzer-no-link -fno-sanitize-recover=all"
+opts=(-Dbuildtype=debugoptimized -Db_ndebug=false -Db_lundef=false -Db_sanitize=address,undefined
       -Dtests=false -Dexamples=false -Dbench=false
-      -Donednn=disabled -Dcuda=disabled -Dhip=disabled
-      "-Dc_args=$lib_args" "-Dcpp_args=$lib_args"
-      "-Dc_link_args=-fsanitize=address,undefined" "-Dcpp_link_args=-fsanitize=address,undefined")
+      -Donednn=disabled -Dcuda=disabled -Dhip=disabled -Dsimd_targets=native
+      "-Dc_args=$lib_args" "-Dcpp_args=$lib_args")
 setup_log="$probe/setup.log"
 if [ "${FUZZ_NO_REBUILD:-0}" = 1 ] && [ -f "$build/lib/libpagedattn.so" ]; then
   echo "fuzz: using the library already in $build (FUZZ_NO_REBUILD=1)"

@@ -1,7 +1,10 @@
 /* Fake plugins for the loader's failure paths (tests/plugins/<kind>/). FAKE_KIND:
  *   1: reports a plugin ABI version the core does not speak
  *   2: exports the ABI version but not pagedattn_plugin_ops
- *   3: a well-formed plugin whose probe fails with a reason */
+ *   3: a well-formed plugin whose probe fails with a reason
+ *   4: a well-formed plugin whose probe succeeds and whose create fails (OUT_OF_MEMORY with a
+ *      reason), leaving garbage in *state: the core must neither keep nor destroy it.
+ *      fake_plugin_calls() counts create and destroy calls for the test. */
 #include <stdio.h>
 
 #include "plugin_abi.h"
@@ -20,19 +23,41 @@ FAKE_EXPORT uint32_t pagedattn_plugin_abi_version(void) { return FAKE_ABI; }
 #if FAKE_KIND != 2
 
 #define FAKE_REASON "fake probe: no accelerator attached (pagedattn test plugin)"
+#define FAKE_CREATE_REASON "fake create: cannot reserve the device pool (pagedattn test plugin)"
 
 static void fail(char* msg) { snprintf(msg, PA_MSG_LEN, "fake plugin: must not be called"); }
 
+static int32_t creates, destroys;
+
+FAKE_EXPORT void fake_plugin_calls(int32_t* create_calls, int32_t* destroy_calls);
+FAKE_EXPORT void fake_plugin_calls(int32_t* create_calls, int32_t* destroy_calls) {
+  *create_calls = creates;
+  *destroy_calls = destroys;
+}
+
 static pagedattn_status fake_probe(int32_t device_index, char* msg) {
   (void)device_index;
+#if FAKE_KIND == 4
+  (void)msg;
+  return PAGEDATTN_OK;
+#else
   snprintf(msg, PA_MSG_LEN, "%s", FAKE_REASON);
   return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+#endif
 }
 static pagedattn_status fake_create(void** state, const pagedattn_backend_options* o, char* msg) {
-  (void)state; (void)o; fail(msg);
+  (void)o;
+  ++creates;
+#if FAKE_KIND == 4
+  *state = (void*)(uintptr_t)0xdeadbeef; /* a failed create may leave anything here */
+  snprintf(msg, PA_MSG_LEN, "%s", FAKE_CREATE_REASON);
+  return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+#else
+  (void)state; fail(msg);
   return PAGEDATTN_ERROR_INTERNAL;
+#endif
 }
-static void fake_destroy(void* s) { (void)s; }
+static void fake_destroy(void* s) { (void)s; ++destroys; }
 static void fake_caps(void* s, pagedattn_capabilities* c) { (void)s; (void)c; }
 static pagedattn_status fake_alloc(void* s, size_t n, int32_t h, void** p, char* msg) {
   (void)s; (void)n; (void)h; (void)p; fail(msg);
