@@ -4,8 +4,10 @@
 // products are oneDNN matmul primitives: S = Q K^T on a (query tile x GQA group) x key tile, the
 // masked online softmax in our own Highway code (softmax_tile.cpp), then O += P V with a sum
 // post-op. bf16 operands (f32 accumulate) where the CPU has native bf16 and the inputs are bf16,
-// f32 otherwise. Decode rows, cache writes, copies and merges reuse the CPU kernels
-// (kernels/cpu). Threads: our own pool (pool.h); each worker runs primitives single-threaded.
+// f32 otherwise. Rows of shorter sequences (decode, short chunks) go to an embedded CPU backend
+// (lib/cpu), so they are planned and split exactly as on `cpu`; cache writes, copies and merges
+// reuse the CPU kernels (kernels/cpu). Threads: our own pool (pool.h), each worker running
+// primitives single-threaded, and the embedded backend's pool (both sleep when idle).
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +26,7 @@
 
 #include "../cpu/convert.h"
 #include "../cpu/kernels.h"
+#include "cpu/cpu_backend.h"
 #include "onednn_internal.h"
 #include "pool.h"
 
@@ -34,8 +37,7 @@ namespace {
 
 constexpr int kMaxM = 256;    // query rows (tokens x heads of a GQA group) per oneDNN tile
 constexpr int kTK = 128;      // keys per oneDNN tile (at most; short sequences use fewer)
-constexpr int kMinTile = 16;
-constexpr int kMaxParts = 8;  // split-KV parts per item at most  // smallest M and TK: tiles are powers of two from here
+constexpr int kMinTile = 16;  // smallest M and TK: tiles are powers of two from here
 constexpr int kMaxD = pa_cpu::kMaxHeadSize;
 constexpr size_t kAlign = 64;
 
@@ -60,7 +62,6 @@ struct TileMems {
 
 // One worker's buffers (64-byte aligned), owned by a batch workspace.
 struct Worker {
-  pa_cpu::Scratch* cpu = nullptr;  // for the CPU kernels' items
   void* q = nullptr;               // [kMaxM][kMaxD] operand type
   void* kt = nullptr;              // [kTK][kMaxD]
   void* v = nullptr;               // [kTK][kMaxD]
@@ -80,7 +81,8 @@ struct Backend {
   bool bf16 = false;       // native bf16 matmul available
   int min_query = 16;      // sequences with query_len >= this use the oneDNN tiles
   uint64_t memory_limit = 0;
-  std::atomic<uint64_t> used{0};
+  std::atomic<uint64_t> used{0};   // also counts the embedded CPU backend's allocations
+  void* cpu = nullptr;             // the embedded CPU backend (pa_cpu_backend_ops())
   dnnl::engine eng;
   std::mutex mu;                   // guards kernels
   std::vector<TileKernel*> kernels;
@@ -90,7 +92,8 @@ struct BatchWork {
   std::mutex mu;                   // forwards on one batch share its workers
   std::vector<Worker> workers;
   std::vector<int64_t> prefix;     // [cap_num_seqs + 1] items before each sequence
-  std::vector<float> part_acc, part_m, part_l;  // split-KV partial states (see forward)
+  std::vector<int32_t> short_lens; // [cap_num_seqs] query_lens with the oneDNN rows zeroed
+  void* cpu_plan = nullptr;        // the embedded CPU backend's plan of the same batch
   std::vector<void*> blocks;       // aligned allocations to free
 };
 
@@ -353,6 +356,14 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     b->eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
     b->bf16 = native_bf16(b->eng);
     b->pool = new Pool(b->threads);
+    pagedattn_backend_options inner = *opts;
+    inner.num_threads = b->threads;
+    const pagedattn_status st = pa_cpu::create_embedded(&b->cpu, &inner, &b->used, msg);
+    if (st != PAGEDATTN_OK) {
+      delete b->pool;
+      delete b;
+      return st;
+    }
   } catch (const dnnl::error& e) {
     delete b;
     set_msg(msg, "onednn: oneDNN failed to initialise: %s", e.what());
@@ -371,6 +382,7 @@ void destroy(void* state) {
   if (b == nullptr) return;
   for (auto* k : b->kernels) delete k;
   delete b->pool;
+  pa_cpu_backend_ops()->destroy(b->cpu);
   delete b;
 }
 
@@ -397,14 +409,24 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
   caps->total_memory = 0;
 }
 
-pagedattn_status alloc(void* state, size_t bytes, int32_t /*host*/, void** ptr, char* msg) {
-  void* p = raw_alloc(static_cast<Backend*>(state), bytes, msg, "onednn: cache memory");
-  if (p == nullptr) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
-  *ptr = p;
-  return PAGEDATTN_OK;
+// A failure of the embedded CPU backend, reported as this backend's ("cpu: x" -> "onednn: x").
+pagedattn_status renamed(pagedattn_status st, char* msg) {
+  if (st != PAGEDATTN_OK && msg != nullptr && strncmp(msg, "cpu: ", 5) == 0) {
+    std::string rest(msg + 5);
+    snprintf(msg, PA_MSG_LEN, "onednn: %s", rest.c_str());
+  }
+  return st;
 }
 
-void free_op(void* state, void* ptr, int32_t /*host*/) { raw_free(static_cast<Backend*>(state), ptr); }
+// Caches come from the embedded CPU backend: the same huge-page placement, the same counter.
+pagedattn_status alloc(void* state, size_t bytes, int32_t host, void** ptr, char* msg) {
+  auto* b = static_cast<Backend*>(state);
+  return renamed(pa_cpu_backend_ops()->alloc(b->cpu, bytes, host, ptr, msg), msg);
+}
+
+void free_op(void* state, void* ptr, int32_t host) {
+  pa_cpu_backend_ops()->free(static_cast<Backend*>(state)->cpu, ptr, host);
+}
 
 pagedattn_status cache_write(void* state, const pa_write_args* a, char* /*msg*/) {
   auto* b = static_cast<Backend*>(state);
@@ -467,6 +489,12 @@ pagedattn_status load_blocks(void* /*state*/, const pa_cache* c, const int32_t* 
 
 void free_work(Backend* b, BatchWork* w) {
   if (w == nullptr) return;
+  if (w->cpu_plan != nullptr) {
+    pa_batch view;
+    memset(&view, 0, sizeof view);
+    view.backend_data = w->cpu_plan;
+    pa_cpu_backend_ops()->free_batch(b->cpu, &view);
+  }
   for (void* p : w->blocks) raw_free(b, p);
   delete w;
 }
@@ -477,20 +505,27 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
   BatchWork* w = nullptr;
   try {
     w = new BatchWork;
-    w->prefix.assign(static_cast<size_t>(batch->cap_num_seqs) + 1, 0);
-    if (batch->cap_seq_len >= 2048) {  // only long sequences are split
-      const size_t slots = static_cast<size_t>(2 * b->threads) * kMaxParts;
-      w->part_acc.assign(slots * pa_cpu::kMaxRows * kMaxD, 0.0f);
-      w->part_m.assign(slots * pa_cpu::kMaxRows, 0.0f);
-      w->part_l.assign(slots * pa_cpu::kMaxRows, 0.0f);
+    const size_t cap_seqs = static_cast<size_t>(std::max(batch->cap_num_seqs, batch->num_seqs));
+    w->prefix.assign(cap_seqs + 1, 0);
+    w->short_lens.assign(cap_seqs, 0);
+    {  // The embedded CPU backend plans the same batch (its rows below min_query run there).
+      pa_batch view = *batch;
+      view.backend_data = nullptr;
+      const pagedattn_status st =
+          renamed(pa_cpu_backend_ops()->plan_batch(b->cpu, &view, 0, msg), msg);
+      if (st != PAGEDATTN_OK) {
+        free_work(b, w);
+        return st;
+      }
+      w->cpu_plan = view.backend_data;
     }
     w->workers.resize(static_cast<size_t>(b->threads));
-    const size_t sizes[6] = {sizeof(pa_cpu::Scratch), sizeof(float) * kMaxM * kMaxD,
-                             sizeof(float) * kTK * kMaxD, sizeof(float) * kTK * kMaxD,
-                             sizeof(float) * kMaxM * kTK, sizeof(float) * kMaxM * kTK};
+    const size_t sizes[5] = {sizeof(float) * kMaxM * kMaxD, sizeof(float) * kTK * kMaxD,
+                             sizeof(float) * kTK * kMaxD, sizeof(float) * kMaxM * kTK,
+                             sizeof(float) * kMaxM * kTK};
     for (auto& wk : w->workers) {
-      void* p[7];
-      for (int i = 0; i < 6; ++i) {
+      void* p[6];
+      for (int i = 0; i < 5; ++i) {
         p[i] = raw_alloc(b, sizes[i], msg, "onednn: batch workspace");
         if (p[i] == nullptr) {
           free_work(b, w);
@@ -498,19 +533,18 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
         }
         w->blocks.push_back(p[i]);
       }
-      p[6] = raw_alloc(b, sizeof(float) * kMaxM * kMaxD, msg, "onednn: batch workspace");
-      if (p[6] == nullptr) {
+      p[5] = raw_alloc(b, sizeof(float) * kMaxM * kMaxD, msg, "onednn: batch workspace");
+      if (p[5] == nullptr) {
         free_work(b, w);
         return PAGEDATTN_ERROR_OUT_OF_MEMORY;
       }
-      w->blocks.push_back(p[6]);
-      wk.cpu = static_cast<pa_cpu::Scratch*>(p[0]);
-      wk.q = p[1];
-      wk.kt = p[2];
-      wk.v = p[3];
-      wk.s = static_cast<float*>(p[4]);
-      wk.p = p[5];
-      wk.acc = static_cast<float*>(p[6]);
+      w->blocks.push_back(p[5]);
+      wk.q = p[0];
+      wk.kt = p[1];
+      wk.v = p[2];
+      wk.s = static_cast<float*>(p[3]);
+      wk.p = p[4];
+      wk.acc = static_cast<float*>(p[5]);
       wk.strm = dnnl::stream(b->eng);
     }
   } catch (const std::bad_alloc&) {
@@ -532,9 +566,8 @@ void free_batch(void* state, pa_batch* batch) {
   batch->backend_data = nullptr;
 }
 
-// How sequence s splits into work items.
+// How sequence s splits into oneDNN tile items (none when its rows go to the CPU backend).
 struct SeqSplit {
-  bool dnnl;
   int hc;   // heads per item
   int nhc;  // head chunks per KV head
   int tq;   // tokens per item
@@ -543,12 +576,10 @@ struct SeqSplit {
 
 SeqSplit split_of(const Backend* b, int ql, int G, int Hkv, int64_t* items) {
   SeqSplit s;
-  s.dnnl = ql >= b->min_query;
-  const int rows = s.dnnl ? kMaxM : pa_cpu::kMaxRows;
-  s.hc = std::min(G, rows);
+  s.hc = std::min(G, kMaxM);
   s.nhc = (G + s.hc - 1) / s.hc;
-  s.tq = std::max(1, rows / s.hc);
-  s.nt = ql > 0 ? (ql + s.tq - 1) / s.tq : 0;
+  s.tq = std::max(1, kMaxM / s.hc);
+  s.nt = ql >= b->min_query ? (ql + s.tq - 1) / s.tq : 0;
   *items = static_cast<int64_t>(s.nt) * Hkv * s.nhc;
   return s;
 }
@@ -557,6 +588,16 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   auto* b = static_cast<Backend*>(state);
   const pa_batch& bt = *a->batch;
   auto* w = static_cast<BatchWork*>(bt.backend_data);
+  const pa_backend_ops* cpu = pa_cpu_backend_ops();
+  if (bt.max_query_len < b->min_query) {
+    // No oneDNN rows (decode, short chunks): the whole step, cache write included, on the
+    // embedded CPU backend, which takes its own plan's lock.
+    pa_batch view = bt;
+    view.backend_data = w->cpu_plan;
+    pa_forward_args args = *a;
+    args.batch = &view;
+    return renamed(cpu->forward(b->cpu, &args, msg), msg);
+  }
   std::lock_guard<std::mutex> lock(w->mu);
   const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
   const bool encoder = a->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
@@ -579,7 +620,27 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     if (wa.n > 0 && wa.slots != nullptr) cache_write(state, &wa, msg);
   }
 
-  // 2. Work items: prefix sums over sequences.
+  // 2. The sequences below min_query (a mixed step's decodes) on the embedded CPU backend: the
+  // same batch with the oneDNN sequences' query_lens zeroed (they get no items there).
+  bool any_short = false;
+  for (int s = 0; s < bt.num_seqs; ++s) {
+    const int32_t ql = bt.query_lens[s];
+    w->short_lens[static_cast<size_t>(s)] = ql < b->min_query ? ql : 0;
+    any_short = any_short || (ql > 0 && ql < b->min_query);
+  }
+  if (any_short) {
+    pa_batch view = bt;
+    view.backend_data = w->cpu_plan;
+    view.query_lens = w->short_lens.data();
+    view.max_query_len = b->min_query - 1;
+    pa_forward_args args = *a;
+    args.batch = &view;
+    args.write_kv = 0;  // written above
+    const pagedattn_status st = renamed(cpu->forward(b->cpu, &args, msg), msg);
+    if (st != PAGEDATTN_OK) return st;
+  }
+
+  // 3. oneDNN tile items: prefix sums over sequences.
   const int H = a->num_heads, Hkv = a->num_kv_heads, G = H / Hkv;
   int64_t total = 0;
   for (int s = 0; s < bt.num_seqs; ++s) {
@@ -596,8 +657,8 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   std::atomic<int> failed{0};
   std::string err;
 
-  // Work item i (in sequence order) as an AttnItem; *dnnl tells which path runs it.
-  auto make_item = [&](int64_t i, pa_cpu::AttnItem& it, bool* dnnl) {
+  // Work item i (in sequence order) as an AttnItem.
+  auto make_item = [&](int64_t i, pa_cpu::AttnItem& it) {
     const int s = static_cast<int>(
         std::upper_bound(w->prefix.begin(), w->prefix.begin() + bt.num_seqs + 1, i) -
         w->prefix.begin() - 1);
@@ -668,58 +729,15 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     }
     it.key0 = 0;
     it.key1 = it.num_keys;
-    *dnnl = sp.dnnl;
   };
-
-  // Split-KV: when a decode-only step has fewer items than 2 x threads (one long sequence, MQA),
-  // each item's keys are cut into parts computed in parallel, then merged.
-  int parts = 1;
-  if (total < 2 * static_cast<int64_t>(b->threads) && bt.max_query_len < b->min_query &&
-      bt.max_seq_len >= 2048 && !w->part_acc.empty()) {
-    parts = static_cast<int>(std::min<int64_t>(kMaxParts, (2 * b->threads + total - 1) / total));
-    if (total * parts > static_cast<int64_t>(w->part_m.size() / pa_cpu::kMaxRows)) parts = 1;
-  }
-  if (parts > 1) {
-    const int64_t acc_stride = static_cast<int64_t>(pa_cpu::kMaxRows) * kMaxD;
-    b->pool->run(total * parts, [&](int worker, int64_t j) {
-      pa_cpu::AttnItem it;
-      bool dnnl;
-      make_item(j / parts, it, &dnnl);
-      const int p = static_cast<int>(j % parts);
-      const int64_t n = it.num_keys;
-      it.key0 = n * p / parts;
-      it.key1 = n * (p + 1) / parts;
-      it.out = nullptr;
-      it.part_acc = w->part_acc.data() + j * acc_stride;
-      it.part_m = w->part_m.data() + j * pa_cpu::kMaxRows;
-      it.part_l = w->part_l.data() + j * pa_cpu::kMaxRows;
-      pa_cpu::attention_item(b->target, it, w->workers[static_cast<size_t>(worker)].cpu);
-    });
-    b->pool->run(total, [&](int, int64_t i) {
-      pa_cpu::AttnItem it;
-      bool dnnl;
-      make_item(i, it, &dnnl);
-      const int64_t j = i * parts;
-      pa_cpu::attention_merge_parts(b->target.index, it, parts,
-                                    w->part_acc.data() + j * acc_stride, acc_stride,
-                                    w->part_m.data() + j * pa_cpu::kMaxRows,
-                                    w->part_l.data() + j * pa_cpu::kMaxRows, pa_cpu::kMaxRows);
-    });
-    return PAGEDATTN_OK;
-  }
 
   b->pool->run(total, [&](int worker, int64_t i) {
     if (failed.load(std::memory_order_relaxed)) return;
     Worker& wk = w->workers[static_cast<size_t>(worker)];
     pa_cpu::AttnItem it;
-    bool dnnl;
-    make_item(i, it, &dnnl);
+    make_item(i, it);
     try {
-      if (dnnl) {
-        tile_item(b, wk, it, bf16);
-      } else {
-        pa_cpu::attention_item(b->target, it, wk.cpu);
-      }
+      tile_item(b, wk, it, bf16);
     } catch (const std::exception& e) {
       if (failed.fetch_add(1) == 0) err = e.what();
     }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "kernels/cpu/kernels.h"
+#include "cpu_backend.h"
 #include "plugin_abi.h"
 #include "thread_pool.h"
 
@@ -27,7 +28,10 @@ struct Backend {
   Target target;
   ThreadPool* pool;
   uint64_t memory_limit;        // 0 = unlimited
-  std::atomic<uint64_t> used{0};  // bytes of caches and workspaces allocated here
+  std::atomic<uint64_t> own_used{0};
+  // Bytes of caches and workspaces allocated here, counted against memory_limit: own_used, or
+  // the counter of a backend that embeds this one (create_embedded) so one limit covers both.
+  std::atomic<uint64_t>* used = &own_used;
 };
 
 void set_msg(char* msg, const char* text) {
@@ -42,9 +46,9 @@ void* raw_alloc(Backend* b, size_t bytes, char* msg, const char* what) {
     return nullptr;
   }
   if (b->memory_limit != 0) {
-    const uint64_t now = b->used.fetch_add(total) + total;
+    const uint64_t now = b->used->fetch_add(total) + total;
     if (now > b->memory_limit) {
-      b->used.fetch_sub(total);
+      b->used->fetch_sub(total);
       snprintf(msg, PA_MSG_LEN,
                "%s: %zu bytes would exceed the backend's memory_limit of %llu bytes "
                "(%llu in use)",
@@ -53,14 +57,14 @@ void* raw_alloc(Backend* b, size_t bytes, char* msg, const char* what) {
       return nullptr;
     }
   } else {
-    b->used.fetch_add(total);
+    b->used->fetch_add(total);
   }
   void* p = nullptr;
   // Large blocks (caches) on 2 MiB boundaries with transparent huge pages requested: paged
   // attention reads scattered blocks, and 4 KiB pages would miss the TLB on nearly every block.
   const bool huge = total >= kHugeMin;
   if (posix_memalign(&p, huge ? kHugePage : kAlign, total) != 0 || p == nullptr) {
-    b->used.fetch_sub(total);
+    b->used->fetch_sub(total);
     snprintf(msg, PA_MSG_LEN, "%s: could not allocate %zu bytes of host memory", what, bytes);
     return nullptr;
   }
@@ -75,7 +79,7 @@ void* raw_alloc(Backend* b, size_t bytes, char* msg, const char* what) {
 void raw_free(Backend* b, void* ptr) {
   if (ptr == nullptr) return;
   char* base = static_cast<char*>(ptr) - kAlign;
-  b->used.fetch_sub(*reinterpret_cast<size_t*>(base));
+  b->used->fetch_sub(*reinterpret_cast<size_t*>(base));
   free(base);
 }
 
@@ -464,7 +468,8 @@ pagedattn_status probe(int32_t device_index, char* msg) {
   return PAGEDATTN_OK;
 }
 
-pagedattn_status create(void** state, const pagedattn_backend_options* opts, char* msg) {
+pagedattn_status create_with(void** state, const pagedattn_backend_options* opts,
+                             std::atomic<uint64_t>* shared_used, char* msg) {
   try {
     Target target;
     // Forces the SIMD target of this backend only (see kernels/cpu/targets.cpp).
@@ -480,6 +485,7 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     }
     b->target = target;
     b->memory_limit = opts->memory_limit;
+    if (shared_used != nullptr) b->used = shared_used;
     try {
       b->pool = new ThreadPool(n);
     } catch (...) {
@@ -493,6 +499,10 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     set_msg(msg, "cpu: unexpected exception creating the backend");
     return PAGEDATTN_ERROR_INTERNAL;
   }
+}
+
+pagedattn_status create(void** state, const pagedattn_backend_options* opts, char* msg) {
+  return create_with(state, opts, nullptr, msg);
 }
 
 void destroy(void* state) {
@@ -658,6 +668,12 @@ const pa_backend_ops kOps = {
 };
 
 }  // namespace
+
+pagedattn_status create_embedded(void** state, const pagedattn_backend_options* opts,
+                                 std::atomic<uint64_t>* shared_used, char* msg) {
+  return create_with(state, opts, shared_used, msg);
+}
+
 }  // namespace pa_cpu
 
 extern "C" const pa_backend_ops* pa_cpu_backend_ops(void) { return &pa_cpu::kOps; }

@@ -58,7 +58,8 @@ pagedattn_backend* make_backend(int32_t threads) {
   pagedattn_backend_options_init(&o);
   o.num_threads = threads;
   pagedattn_backend* be = nullptr;
-  EXPECT_EQ(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_OK) << pagedattn_last_error();
+  EXPECT_EQ(pagedattn_backend_create(&be, pat::backend_name().c_str(), &o), PAGEDATTN_OK)
+      << pagedattn_last_error();
   return be;
 }
 
@@ -382,7 +383,7 @@ TEST(Concurrency, HandlesCreatedAndDestroyed) {
         pagedattn_backend_options o;
         pagedattn_backend_options_init(&o);
         o.num_threads = 1 + (rep % 2);
-        if (pagedattn_backend_create(&own, "cpu", &o) != PAGEDATTN_OK) {
+        if (pagedattn_backend_create(&own, pat::backend_name().c_str(), &o) != PAGEDATTN_OK) {
           ++errors[t];
           continue;
         }

@@ -28,7 +28,8 @@ pagedattn_backend* limited_backend(uint64_t limit) {
   o.num_threads = 1;
   o.memory_limit = limit;
   pagedattn_backend* be = nullptr;
-  EXPECT_EQ(pagedattn_backend_create(&be, "cpu", &o), PAGEDATTN_OK) << pagedattn_last_error();
+  EXPECT_EQ(pagedattn_backend_create(&be, pat::backend_name().c_str(), &o), PAGEDATTN_OK)
+      << pagedattn_last_error();
   return be;
 }
 
