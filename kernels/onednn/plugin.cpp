@@ -418,73 +418,43 @@ pagedattn_status renamed(pagedattn_status st, char* msg) {
   return st;
 }
 
-// Caches come from the embedded CPU backend: the same huge-page placement, the same counter.
+// Caches and everything on them (writes, copies, swaps, block reads/loads) are the embedded CPU
+// backend's: the same huge-page placement, the same memory counter, the same kernels.
+void* inner(void* state) { return static_cast<Backend*>(state)->cpu; }
+
 pagedattn_status alloc(void* state, size_t bytes, int32_t host, void** ptr, char* msg) {
-  auto* b = static_cast<Backend*>(state);
-  return renamed(pa_cpu_backend_ops()->alloc(b->cpu, bytes, host, ptr, msg), msg);
+  return renamed(pa_cpu_backend_ops()->alloc(inner(state), bytes, host, ptr, msg), msg);
 }
 
 void free_op(void* state, void* ptr, int32_t host) {
-  pa_cpu_backend_ops()->free(static_cast<Backend*>(state)->cpu, ptr, host);
+  pa_cpu_backend_ops()->free(inner(state), ptr, host);
 }
 
-pagedattn_status cache_write(void* state, const pa_write_args* a, char* /*msg*/) {
-  auto* b = static_cast<Backend*>(state);
-  const int64_t n = a->n, chunk = 64;
-  b->pool->run((n + chunk - 1) / chunk, [&](int, int64_t i) {
-    pa_cpu::cache_write_rows(b->target.index, *a, i * chunk, std::min(n, (i + 1) * chunk));
-  });
-  return PAGEDATTN_OK;
+pagedattn_status cache_write(void* state, const pa_write_args* a, char* msg) {
+  return renamed(pa_cpu_backend_ops()->cache_write(inner(state), a, msg), msg);
 }
 
 pagedattn_status copy_blocks(void* state, const pa_cache* c, const int32_t* pairs, size_t n,
-                             void* /*stream*/, char* /*msg*/) {
-  auto* b = static_cast<Backend*>(state);
-  b->pool->run(static_cast<int64_t>(n) * c->num_layers, [&](int, int64_t i) {
-    const size_t p = static_cast<size_t>(i / c->num_layers);
-    if (pairs[2 * p] != pairs[2 * p + 1])
-      pa_cpu::copy_block(*c, pairs[2 * p + 1], *c, pairs[2 * p],
-                         static_cast<int32_t>(i % c->num_layers));
-  });
-  return PAGEDATTN_OK;
+                             void* stream, char* msg) {
+  return renamed(pa_cpu_backend_ops()->copy_blocks(inner(state), c, pairs, n, stream, msg), msg);
 }
 
 pagedattn_status swap_blocks(void* state, const pa_cache* dst, const pa_cache* src,
-                             const int32_t* pairs, size_t n, void* /*stream*/, char* /*msg*/) {
-  auto* b = static_cast<Backend*>(state);
-  b->pool->run(static_cast<int64_t>(n) * src->num_layers, [&](int, int64_t i) {
-    const size_t p = static_cast<size_t>(i / src->num_layers);
-    pa_cpu::copy_block(*dst, pairs[2 * p + 1], *src, pairs[2 * p],
-                       static_cast<int32_t>(i % src->num_layers));
-  });
-  return PAGEDATTN_OK;
+                             const int32_t* pairs, size_t n, void* stream, char* msg) {
+  return renamed(
+      pa_cpu_backend_ops()->swap_blocks(inner(state), dst, src, pairs, n, stream, msg), msg);
 }
 
-size_t block_layer_bytes(const pa_cache* c) {
-  return 2 * static_cast<size_t>(c->block_size) * c->num_kv_heads * c->head_size *
-         pa_cpu::elem_size(c->dtype);
+pagedattn_status read_blocks(void* state, const pa_cache* c, const int32_t* ids, size_t n,
+                             void* buffer, void* stream, char* msg) {
+  return renamed(pa_cpu_backend_ops()->read_blocks(inner(state), c, ids, n, buffer, stream, msg),
+                 msg);
 }
 
-pagedattn_status read_blocks(void* /*state*/, const pa_cache* c, const int32_t* ids, size_t n,
-                             void* buffer, void* /*stream*/, char* /*msg*/) {
-  const size_t rec = block_layer_bytes(c);
-  for (size_t i = 0; i < n; ++i)
-    for (int32_t l = 0; l < c->num_layers; ++l)
-      pa_cpu::pack_block(*c, ids[i], l, static_cast<char*>(buffer) + (i * c->num_layers + l) * rec,
-                         false);
-  return PAGEDATTN_OK;
-}
-
-pagedattn_status load_blocks(void* /*state*/, const pa_cache* c, const int32_t* ids, size_t n,
-                             const void* buffer, void* /*stream*/, char* /*msg*/) {
-  const size_t rec = block_layer_bytes(c);
-  for (size_t i = 0; i < n; ++i)
-    for (int32_t l = 0; l < c->num_layers; ++l)
-      pa_cpu::pack_block(*c, ids[i], l,
-                         const_cast<char*>(static_cast<const char*>(buffer)) +
-                             (i * c->num_layers + l) * rec,
-                         true);
-  return PAGEDATTN_OK;
+pagedattn_status load_blocks(void* state, const pa_cache* c, const int32_t* ids, size_t n,
+                             const void* buffer, void* stream, char* msg) {
+  return renamed(pa_cpu_backend_ops()->load_blocks(inner(state), c, ids, n, buffer, stream, msg),
+                 msg);
 }
 
 void free_work(Backend* b, BatchWork* w) {
@@ -520,12 +490,13 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
       w->cpu_plan = view.backend_data;
     }
     w->workers.resize(static_cast<size_t>(b->threads));
-    const size_t sizes[5] = {sizeof(float) * kMaxM * kMaxD, sizeof(float) * kTK * kMaxD,
+    // q, kt, v, s, p, acc (see Worker); float-sized, so either operand type fits.
+    const size_t sizes[6] = {sizeof(float) * kMaxM * kMaxD, sizeof(float) * kTK * kMaxD,
                              sizeof(float) * kTK * kMaxD, sizeof(float) * kMaxM * kTK,
-                             sizeof(float) * kMaxM * kTK};
+                             sizeof(float) * kMaxM * kTK, sizeof(float) * kMaxM * kMaxD};
     for (auto& wk : w->workers) {
       void* p[6];
-      for (int i = 0; i < 5; ++i) {
+      for (int i = 0; i < 6; ++i) {
         p[i] = raw_alloc(b, sizes[i], msg, "onednn: batch workspace");
         if (p[i] == nullptr) {
           free_work(b, w);
@@ -533,12 +504,6 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
         }
         w->blocks.push_back(p[i]);
       }
-      p[5] = raw_alloc(b, sizeof(float) * kMaxM * kMaxD, msg, "onednn: batch workspace");
-      if (p[5] == nullptr) {
-        free_work(b, w);
-        return PAGEDATTN_ERROR_OUT_OF_MEMORY;
-      }
-      w->blocks.push_back(p[5]);
       wk.q = p[0];
       wk.kt = p[1];
       wk.v = p[2];
@@ -617,7 +582,10 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     wa.n = cross ? bt.num_encoder_tokens : bt.num_tokens;
     wa.k_scale = a->k_scale;
     wa.v_scale = a->v_scale;
-    if (wa.n > 0 && wa.slots != nullptr) cache_write(state, &wa, msg);
+    if (wa.n > 0 && wa.slots != nullptr) {
+      const pagedattn_status st = cache_write(state, &wa, msg);
+      if (st != PAGEDATTN_OK) return st;
+    }
   }
 
   // 2. The sequences below min_query (a mixed step's decodes) on the embedded CPU backend: the
@@ -749,13 +717,8 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   return PAGEDATTN_OK;
 }
 
-pagedattn_status merge_states(void* state, const pa_merge_args* a, char* /*msg*/) {
-  auto* b = static_cast<Backend*>(state);
-  const int64_t n = a->out.rows, chunk = 16;
-  b->pool->run((n + chunk - 1) / chunk, [&](int, int64_t i) {
-    pa_cpu::merge_rows(b->target.index, *a, i * chunk, std::min(n, (i + 1) * chunk));
-  });
-  return PAGEDATTN_OK;
+pagedattn_status merge_states(void* state, const pa_merge_args* a, char* msg) {
+  return renamed(pa_cpu_backend_ops()->merge_states(inner(state), a, msg), msg);
 }
 
 pagedattn_status synchronize(void*, void*, char*) { return PAGEDATTN_OK; }
