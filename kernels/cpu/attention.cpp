@@ -645,7 +645,6 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
   const int Rp = (rows + N - 1) / N * N;
   const int Rv = Rp / N;
   const float kNegInf = -std::numeric_limits<float>::infinity();
-  const size_t qsz = elem_size(it.dtype);
   float* qT = sc->q;
   float* accT = sc->acc;
 
@@ -659,9 +658,7 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
   float row[kMaxHeadSize];
   for (int r = 0; r < rows; ++r) {
     const int t = r / nh, g = r % nh;
-    const char* qp = static_cast<const char*>(it.q) +
-                     ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
-                         static_cast<int64_t>(qsz);
+    const char* qp = item_q(it, t, g);
     load_row(qp, it.dtype, 1.0f, row, D);
     for (int x = 0; x < D; ++x) qT[static_cast<size_t>(x) * Rp + r] = row[x] * it.scale;
   }
@@ -724,9 +721,7 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
     }
     const float l = sc->l[r];
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    char* op = static_cast<char*>(it.out) +
-               ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
-                   static_cast<int64_t>(qsz);
+    char* op = item_out(it, t, g);
     store_row(op, it.dtype, row, inv, D);
     if (it.lse != nullptr) {
       it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
@@ -1121,7 +1116,6 @@ HWY_INLINE void write_rows(const AttnItem& it, const float* acc, const float* m,
   const int D = it.head_size;
   const int nh = it.h1 - it.h0;
   const int ntok = it.tok1 - it.tok0;
-  const size_t qsz = elem_size(it.dtype);
   for (int t = 0; t < ntok; ++t) {
     for (int g = 0; g < nh; ++g) {
       const int r = t * nh + g;
@@ -1134,9 +1128,7 @@ HWY_INLINE void write_rows(const AttnItem& it, const float* acc, const float* m,
       }
       const float l = l_[r];
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      char* op = static_cast<char*>(it.out) +
-                 ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
-                     static_cast<int64_t>(qsz);
+      char* op = item_out(it, t, g);
       store_row(op, it.dtype, a, inv, D);
       if (it.lse != nullptr) {
         it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
@@ -1160,15 +1152,12 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const int ntok = it.tok1 - it.tok0;
   const int rows = nh * ntok;
   const float kNegInf = -std::numeric_limits<float>::infinity();
-  const size_t qsz = elem_size(it.dtype);
 
   // Rows are (token t, head g) at r = t * nh + g. Load q (times the scale), zero accumulators.
   for (int t = 0; t < ntok; ++t) {
     for (int g = 0; g < nh; ++g) {
       const int r = t * nh + g;
-      const char* qp = static_cast<const char*>(it.q) +
-                       ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
-                           static_cast<int64_t>(qsz);
+      const char* qp = item_q(it, t, g);
       float* qr = sc->q + static_cast<size_t>(r) * Dp;
       load_row(qp, it.dtype, 1.0f, qr, D);
       for (int i = D; i < Dp; ++i) qr[i] = 0.0f;
@@ -1578,7 +1567,6 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   const int G_s = G % 4 == 3 ? G + 1 : G;  // a last group of 3 rows is scored as 4 (kvn == 1)
   const int rows_s = rows - G + G_s;
   const float kNegInf = -std::numeric_limits<float>::infinity();
-  const size_t qsz = elem_size(it.dtype);
   const size_t esz = elem_size(it.kv.dtype);
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
   // q as bf16 (in K's element order), rows at stride D words; the weights of a tile as bf16.
@@ -1593,9 +1581,7 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
       continue;
     }
     const int t = r / nh, g = r % nh;
-    const char* qp = static_cast<const char*>(it.q) +
-                     ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
-                         static_cast<int64_t>(qsz);
+    const char* qp = item_q(it, t, g);
     if (it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && !dp_fp8(DT)) {
       memcpy(qr, qp, sizeof(uint16_t) * static_cast<size_t>(D));
     } else {
@@ -1828,7 +1814,6 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   const int Rp = (rows + 15) / 16 * 16;
   const int Rv = Rp / 16;
   const float kNegInf = -std::numeric_limits<float>::infinity();
-  const size_t qsz = elem_size(it.dtype);
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
   // Scratch: qT2 in q; accT in acc; K as bf16 rows (fp8 only) and the weight pairs in kt; V
   // pairs in vt.
@@ -1847,9 +1832,7 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   float row[kMaxHeadSize];
   for (int r = 0; r < rows; ++r) {
     const int t = r / nh, g = r % nh;
-    const char* qp = static_cast<const char*>(it.q) +
-                     ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
-                         static_cast<int64_t>(qsz);
+    const char* qp = item_q(it, t, g);
     load_row(qp, it.dtype, 1.0f, row, D);
     for (int x2 = 0; x2 < D / 2; ++x2)
       qT2[static_cast<size_t>(x2) * Rp + r] = static_cast<uint32_t>(f32_to_bf16(row[2 * x2])) |
@@ -2125,7 +2108,6 @@ void attention_merge_parts(uint32_t /*target_index*/, const AttnItem& it, int n,
   const int D = it.head_size;
   const int nh = it.h1 - it.h0;
   const int ntok = it.tok1 - it.tok0;
-  const size_t qsz = elem_size(it.dtype);
   const float kNegInf = -std::numeric_limits<float>::infinity();
   for (int t = 0; t < ntok; ++t) {
     for (int g = 0; g < nh; ++g) {
@@ -2140,9 +2122,7 @@ void attention_merge_parts(uint32_t /*target_index*/, const AttnItem& it, int n,
         total += w[p] * l[p * ml_stride + r];
       }
       const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-      char* op = static_cast<char*>(it.out) +
-                 ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
-                     static_cast<int64_t>(qsz);
+      char* op = item_out(it, t, g);
       for (int i = 0; i < D; ++i) {
         float x = 0.0f;
         for (int p = 0; p < n; ++p) {

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "convert.h"
 #include "plugin_abi.h"
 
 namespace pa_cpu {
@@ -108,6 +109,18 @@ struct AttnItem {
   float* part_m;
   float* part_l;
 };
+
+/* q and out rows of the item's token t, head h0 + g. */
+static inline const char* item_q(const AttnItem& it, int t, int g) {
+  return static_cast<const char*>(it.q) +
+         ((it.q_row0 + t) * it.q_row_stride + (it.h0 + g) * it.q_head_stride) *
+             static_cast<int64_t>(elem_size(it.dtype));
+}
+static inline char* item_out(const AttnItem& it, int t, int g) {
+  return static_cast<char*>(it.out) +
+         ((it.q_row0 + t) * it.out_row_stride + (it.h0 + g) * it.out_head_stride) *
+             static_cast<int64_t>(elem_size(it.dtype));
+}
 
 /* Whether `item` (a decode item, one token) may cover several KV heads (kv_heads > 1: the AVX3_BF16
  * dot-product decode reads whole slot rows of caches whose heads are contiguous). Items the
