@@ -1371,14 +1371,15 @@ constexpr int dp_slot(int R, int r, int b) {
 // block, one span per block.
 struct PfStream {
   const char* ptr[kKeyTile];
-  int lines[kKeyTile];
-  int n = 0, quota = 0, k = 0, line = 0;
+  const char* end[kKeyTile];
+  const char* p = nullptr;  // next line of span k
+  int n = 0, k = 0, quota = 0;  // quota: groups of four lines per step()
   // Spans of row_bytes at rows[0, nrows).
   void rows(const void* const* r, int nrows, int64_t row_bytes) {
     n = nrows;
     for (int i = 0; i < n; ++i) {
       ptr[i] = static_cast<const char*>(r[i]);
-      lines[i] = static_cast<int>((row_bytes + 63) / 64);
+      end[i] = ptr[i] + (row_bytes + 63) / 64 * 64;
     }
   }
   // One span per block for keys [pos0, pos0 + nrows) (rows r of the item's first head): from a
@@ -1390,27 +1391,39 @@ struct PfStream {
       const int s0 = static_cast<int>((pos0 + i) & (bs - 1));
       const int cnt = std::min(bs - s0, nrows - i);
       ptr[n] = static_cast<const char*>(r[i]);
-      lines[n++] = static_cast<int>(((cnt - 1) * slot_bytes + span_extra + 63) / 64);
+      end[n] = ptr[n] + ((cnt - 1) * slot_bytes + span_extra + 63) / 64 * 64;
+      ++n;
       i += cnt;
     }
   }
   // Spreads the spans' lines over `steps` calls of step().
   void plan(int64_t steps) {
-    k = line = 0;
+    k = 0;
+    p = n > 0 ? ptr[0] : nullptr;
     int64_t total = 0;
-    for (int i = 0; i < n; ++i) total += lines[i];
-    quota = static_cast<int>(steps > 0 ? (total + steps - 1) / steps : total);
+    for (int i = 0; i < n; ++i) total += (end[i] - ptr[i]) / 64;
+    const int64_t per = steps > 0 ? (total + steps - 1) / steps : total;
+    quota = static_cast<int>((per + 3) / 4);
   }
+  // Four lines per bookkeeping round: the per-line loop cost 17% of an in-cache decode (Zen 4,
+  // one thread). A span's last round may issue fewer.
   HWY_INLINE void step() {
     for (int m = quota; m > 0 && k < n; --m) {
       // prefetcht2 (locality 1): on Zen 4 decode ran 6-9% faster than with prefetcht1 (bf16
       // cache, 1 and 2 threads, NHD and HND; fp8 unchanged). Every line: prefetching only a
       // page's first line and leaving the rest to the hardware doubled the time.
-      __builtin_prefetch(ptr[k] + 64 * line, 0, 1);
-      if (++line == lines[k]) {
-        line = 0;
-        ++k;
+      const char* e = end[k];
+      if (e - p >= 256) {
+        __builtin_prefetch(p, 0, 1);
+        __builtin_prefetch(p + 64, 0, 1);
+        __builtin_prefetch(p + 128, 0, 1);
+        __builtin_prefetch(p + 192, 0, 1);
+        p += 256;
+        if (p != e) continue;
+      } else {
+        for (; p < e; p += 64) __builtin_prefetch(p, 0, 1);
       }
+      if (++k < n) p = ptr[k];
     }
   }
   void flush() {
