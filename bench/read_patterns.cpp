@@ -1,0 +1,185 @@
+// pagedattn-read-patterns: how fast can this machine read a paged KV cache at all? No attention,
+// only reads, in the orders and with the prefetching a decode kernel could use. It answers
+// whether a decode shortfall is the kernel's or the access pattern's (bench/RESULTS.md).
+//
+// K and V pools of 32 KiB blocks (one NHD block: 16 slots x 8 KV heads x 128 bf16), block ids
+// shuffled within each thread's share; tiles of two blocks, K then V, as the decode reads them.
+// Patterns:
+//   stream          one sequential pass over the pool (the read ceiling)
+//   linear          each block front to back, hardware prefetch only
+//   linear+pf       the same, software prefetch of the next tile spread over this one
+//   head-major      NHD head by head (16 rows of 256 B, 2 KiB apart), hardware prefetch only
+//   head-major+pf   the same with the next tile's software prefetch (the decode's scheme)
+//
+// usage: pagedattn-read-patterns [threads (0 = all)] [MiB per pool (512)] [passes (3)]
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "bench_util.h"
+
+namespace {
+
+constexpr size_t kBlock = 32768;
+constexpr size_t kRow = 2048;  // one slot row of all heads
+constexpr size_t kHead = 256;  // one head's part of a row
+
+typedef float v8f __attribute__((vector_size(32)));
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PA_WIDE __attribute__((target_clones("avx2", "default")))
+#else
+#define PA_WIDE
+#endif
+
+// Sum of 256 bytes into four independent accumulators (bound by the loads, not the adds).
+inline void sum256(const char* p, v8f* a) {
+  const v8f* v = reinterpret_cast<const v8f*>(p);
+  a[0] += v[0];
+  a[1] += v[1];
+  a[2] += v[2];
+  a[3] += v[3];
+  a[0] += v[4];
+  a[1] += v[5];
+  a[2] += v[6];
+  a[3] += v[7];
+}
+
+// The next tile's lines, a few per 256 bytes read (as the decode spreads them).
+struct Spread {
+  const char* blk[4];
+  int n = 0;
+  size_t off = 0;
+  void start(const char* const* b, int nb) {
+    n = nb;
+    for (int i = 0; i < nb; ++i) blk[i] = b[i];
+    off = 0;
+  }
+  // 4 blocks of 512 lines over 512 steps of 256 B: four lines a step.
+  void step() {
+    if (n == 0 || off >= kBlock * n) return;
+    const char* p = blk[off / kBlock] + off % kBlock;
+    __builtin_prefetch(p, 0, 1);
+    __builtin_prefetch(p + 64, 0, 1);
+    __builtin_prefetch(p + 128, 0, 1);
+    __builtin_prefetch(p + 192, 0, 1);
+    off += 256;
+  }
+};
+
+enum Pattern { kStream, kLinear, kLinearPf, kHeadMajor, kHeadMajorPf, kPatterns };
+const char* const kNames[kPatterns] = {"stream", "linear", "linear+pf", "head-major",
+                                       "head-major+pf"};
+
+// Reads nb blocks of K and V: the blocks ids[0, nb) (stream: the nb blocks from block lo on).
+PA_WIDE float read_share(const char* K, const char* V, const int* ids, size_t lo, size_t nb,
+                         int pat) {
+  v8f a[4] = {};
+  if (pat == kStream) {
+    for (const char* base : {K, V})
+      for (size_t o = lo * kBlock; o < (lo + nb) * kBlock; o += 256) sum256(base + o, a);
+  } else {
+    const bool pf = pat == kLinearPf || pat == kHeadMajorPf;
+    const bool heads = pat == kHeadMajor || pat == kHeadMajorPf;
+    Spread s;
+    for (size_t t = 0; t + 1 < nb; t += 2) {
+      const bool more = t + 3 < nb;
+      for (int kv = 0; kv < 2; ++kv) {
+        const char* base = kv ? V : K;
+        if (pf && more) {
+          const char* nxt[2] = {base + (size_t)ids[t + 2] * kBlock, base + (size_t)ids[t + 3] * kBlock};
+          s.start(nxt, 2);
+        } else {
+          s.n = 0;
+        }
+        for (int b = 0; b < 2; ++b) {
+          const char* blk = base + (size_t)ids[t + b] * kBlock;
+          if (heads) {
+            for (size_t h = 0; h < kRow / kHead; ++h)
+              for (size_t r = 0; r < kBlock / kRow; ++r) {
+                sum256(blk + r * kRow + h * kHead, a);
+                if (pf) s.step();
+              }
+          } else {
+            for (size_t o = 0; o < kBlock; o += 256) {
+              sum256(blk + o, a);
+              if (pf) s.step();
+            }
+          }
+        }
+      }
+    }
+  }
+  v8f z = (a[0] + a[1]) + (a[2] + a[3]);
+  float r = 0;
+  for (int i = 0; i < 8; ++i) r += z[i];
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = argc > 1 ? std::atoi(argv[1]) : 0;
+  const size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 512;
+  const int passes = argc > 3 ? std::atoi(argv[3]) : 3;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (mib < 8 || passes < 1) {
+    std::fprintf(stderr, "usage: pagedattn-read-patterns [threads] [MiB per pool >= 8] [passes]\n");
+    return 2;
+  }
+  const size_t kHuge = size_t(2) << 20;
+  const size_t bytes = (mib << 20) / kHuge * kHuge;
+  const size_t nblocks = bytes / kBlock;
+  // Huge pages, as the library's CPU caches get; first touch by the thread that reads.
+  char* K = static_cast<char*>(std::aligned_alloc(kHuge, bytes));
+  char* V = static_cast<char*>(std::aligned_alloc(kHuge, bytes));
+  if (!K || !V) {
+    std::fprintf(stderr, "pagedattn-read-patterns: out of memory\n");
+    return 1;
+  }
+#ifdef MADV_HUGEPAGE
+  madvise(K, bytes, MADV_HUGEPAGE);
+  madvise(V, bytes, MADV_HUGEPAGE);
+#endif
+  bench::parallel(threads, [&](int t) {
+    const size_t lo = nblocks * t / threads * kBlock, hi = nblocks * (t + 1) / threads * kBlock;
+    bench::Rng r(11 + t);
+    for (size_t i = lo; i < hi; i += 4) {
+      const float x = r.uniform();
+      std::memcpy(K + i, &x, 4);
+      std::memcpy(V + i, &x, 4);
+    }
+  });
+  // Each thread's blocks: its own share of the pool, in shuffled order.
+  std::vector<int> ids(nblocks);
+  for (size_t i = 0; i < nblocks; ++i) ids[i] = static_cast<int>(i);
+  bench::Rng rng(5);
+  for (int t = 0; t < threads; ++t) {
+    const size_t lo = nblocks * t / threads, hi = nblocks * (t + 1) / threads;
+    for (size_t i = hi - lo; i > 1; --i) std::swap(ids[lo + i - 1], ids[lo + rng.next() % i]);
+  }
+  std::printf("pagedattn-read-patterns: %d threads, K and V pools of %zu MiB, %zu blocks of 32 KiB,"
+              " best of %d passes\n", threads, bytes >> 20, nblocks, passes);
+  volatile float sink = 0;
+  std::vector<float> part(threads);
+  for (int pat = 0; pat < kPatterns; ++pat) {
+    double best = 0;
+    for (int p = 0; p < passes; ++p) {
+      const double t0 = bench::now_s();
+      bench::parallel(threads, [&](int t) {
+        const size_t lo = nblocks * t / threads, hi = nblocks * (t + 1) / threads;
+        part[t] = read_share(K, V, ids.data() + lo, lo, hi - lo, pat);
+      });
+      const double dt = bench::now_s() - t0;
+      for (float x : part) sink = sink + x;
+      best = std::max(best, 2.0 * static_cast<double>(bytes) / dt);
+    }
+    std::printf("  %-14s %6.2f GB/s\n", kNames[pat], best / 1e9);
+  }
+  std::free(K);
+  std::free(V);
+  return 0;
+}
