@@ -20,10 +20,10 @@ class Batch : public pat::BackendTest {
   }
   void TearDown() override {
     pagedattn_batch_destroy(batch);
-    for (auto* c : extra_) pagedattn_kv_cache_destroy(c);
-    pagedattn_kv_cache_destroy(cache);
+    for (auto* c : caches_) pagedattn_kv_cache_destroy(c);
     pat::BackendTest::TearDown();
   }
+  // A one-layer f32 cache the fixture destroys in TearDown (nullptr, with a failure, if refused).
   pagedattn_kv_cache* make_cache(int nblocks, int bsize) {
     pagedattn_kv_cache_desc g;
     pagedattn_kv_cache_desc_init(&g);
@@ -35,6 +35,7 @@ class Batch : public pat::BackendTest {
     g.dtype = PAGEDATTN_DTYPE_FLOAT32;
     pagedattn_kv_cache* c = nullptr;
     EXPECT_EQ(pagedattn_kv_cache_create(&c, be, &g), PAGEDATTN_OK) << pat::last_error();
+    if (c != nullptr) caches_.push_back(c);
     return c;
   }
   // A batch description over vectors the fixture owns.
@@ -72,7 +73,7 @@ class Batch : public pat::BackendTest {
   pagedattn_batch* batch = nullptr;
   pagedattn_batch_desc bd;
   std::vector<int32_t> ql, cl, tables;
-  std::vector<pagedattn_kv_cache*> extra_;
+  std::vector<pagedattn_kv_cache*> caches_;  // every make_cache result, `cache` included
 };
 
 }  // namespace
@@ -180,7 +181,6 @@ TEST_F(Batch, CrossSlotMapping) {
   bd.cross_block_table_stride = 2;
   pagedattn_kv_cache* xc = make_cache(40, bs);
   ASSERT_NE(xc, nullptr);
-  extra_.push_back(xc);
   ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, xc, &bd), PAGEDATTN_OK) << pat::last_error();
   const int64_t* cs = nullptr;
   int64_t cn = 0;
@@ -407,7 +407,6 @@ TEST_F(Batch, CountsThatOverflow) {
   // 3 x 2^30 tokens exceed the int32 rows of query_start; tables are wide enough to be valid.
   pagedattn_kv_cache* big = make_cache(1, 256);
   ASSERT_NE(big, nullptr);
-  extra_.push_back(big);
   const int32_t q = 1 << 30;
   const int32_t width = q / 256;
   std::vector<int32_t> tab(static_cast<size_t>(3) * width, 0);
@@ -438,7 +437,6 @@ TEST_F(Batch, CrossTableWidthOverflowRefused) {
   bd.cross_block_table_stride = 2;
   pagedattn_kv_cache* xc = make_cache(8, bs);
   ASSERT_NE(xc, nullptr);
-  extra_.push_back(xc);
   pagedattn_batch* const sentinel = reinterpret_cast<pagedattn_batch*>(0x40);
   for (int64_t cap : {int64_t{1} << 40, int64_t{INT32_MAX} * bs + 1, int64_t{INT64_MAX}}) {
     pagedattn_batch* b = sentinel;
