@@ -1,7 +1,6 @@
 #include "ceilings.h"
 
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -38,20 +37,8 @@ size_t llc_bytes() {
   return best;
 }
 
-// 8 independent 256-bit accumulators (GCC vector extension: AVX2 or SSE pairs) so the sum never
-// stalls on the add latency; the loop is bound by the loads.
-typedef float v8f __attribute__((vector_size(32)));
-
-// The bench builds for baseline x86-64, where this loop is SSE pairs: on a Zen 4 core that read
-// 25.6 GB/s from memory against 33.4 GB/s with AVX2 loads (one thread, same minute), so the
-// ceiling was under-stated and every ratio over it inflated. An AVX2 clone is picked at load
-// time where the CPU has it, so the ceiling is the memory's, not the loop's.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PA_BENCH_WIDE_LOADS __attribute__((target_clones("avx2", "default")))
-#else
-#define PA_BENCH_WIDE_LOADS
-#endif
-
+// 8 independent 256-bit accumulators so the sum never stalls on the add latency; the loop is
+// bound by the loads (wide clone: see PA_BENCH_WIDE_LOADS).
 PA_BENCH_WIDE_LOADS static float sum_slice(const float* p, size_t n) {
   v8f a0 = {}, a1 = {}, a2 = {}, a3 = {}, a4 = {}, a5 = {}, a6 = {}, a7 = {};
   const v8f* v = (const v8f*)p;
@@ -78,16 +65,8 @@ BandwidthResult measure_read_bandwidth(size_t bytes, int threads, int passes) {
   BandwidthResult res;
   size_t n = bytes / sizeof(float);
   n -= n % (64 * (size_t)threads);
-  // 2 MiB-aligned and advised into huge pages, as the library's CPU caches are: with 4 KiB pages
-  // the read stops at every page for the hardware prefetcher and the TLB (Zen 4, one thread:
-  // 24.6 GB/s against 30-31 GB/s in huge pages), which under-states the memory.
-  const size_t kHuge = size_t(2) << 20;
-  const size_t alloc = (n * sizeof(float) + kHuge - 1) / kHuge * kHuge;
-  float* buf = (float*)std::aligned_alloc(kHuge, alloc);
+  float* buf = static_cast<float*>(alloc_huge(n * sizeof(float)));
   if (!buf) return res;
-#ifdef MADV_HUGEPAGE
-  madvise(buf, alloc, MADV_HUGEPAGE);  // advice only
-#endif
   // First touch by the thread that later reads the slice (pages local to it); random non-zero data.
   parallel(threads, [&](int t) {
     size_t lo = n * t / threads, hi = n * (t + 1) / threads;

@@ -12,8 +12,6 @@
 //   head-major+pf   the same with the next tile's software prefetch (the decode's scheme)
 //
 // usage: pagedattn-read-patterns [threads (0 = all)] [MiB per pool (512)] [passes (3)]
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -27,13 +25,7 @@ constexpr size_t kBlock = 32768;
 constexpr size_t kRow = 2048;  // one slot row of all heads
 constexpr size_t kHead = 256;  // one head's part of a row
 
-typedef float v8f __attribute__((vector_size(32)));
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define PA_WIDE __attribute__((target_clones("avx2", "default")))
-#else
-#define PA_WIDE
-#endif
+using bench::v8f;
 
 // Sum of 256 bytes into four independent accumulators (bound by the loads, not the adds).
 inline void sum256(const char* p, v8f* a) {
@@ -75,7 +67,7 @@ const char* const kNames[kPatterns] = {"stream", "linear", "linear+pf", "head-ma
                                        "head-major+pf"};
 
 // Reads nb blocks of K and V: the blocks ids[0, nb) (stream: the nb blocks from block lo on).
-PA_WIDE float read_share(const char* K, const char* V, const int* ids, size_t lo, size_t nb,
+PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* ids, size_t lo, size_t nb,
                          int pat) {
   v8f a[4] = {};
   if (pat == kStream) {
@@ -134,16 +126,14 @@ int main(int argc, char** argv) {
   const size_t bytes = (mib << 20) / kHuge * kHuge;
   const size_t nblocks = bytes / kBlock;
   // Huge pages, as the library's CPU caches get; first touch by the thread that reads.
-  char* K = static_cast<char*>(std::aligned_alloc(kHuge, bytes));
-  char* V = static_cast<char*>(std::aligned_alloc(kHuge, bytes));
+  char* K = static_cast<char*>(bench::alloc_huge(bytes));
+  char* V = static_cast<char*>(bench::alloc_huge(bytes));
   if (!K || !V) {
     std::fprintf(stderr, "pagedattn-read-patterns: out of memory\n");
+    std::free(K);
+    std::free(V);
     return 1;
   }
-#ifdef MADV_HUGEPAGE
-  madvise(K, bytes, MADV_HUGEPAGE);
-  madvise(V, bytes, MADV_HUGEPAGE);
-#endif
   bench::parallel(threads, [&](int t) {
     const size_t lo = nblocks * t / threads * kBlock, hi = nblocks * (t + 1) / threads * kBlock;
     bench::Rng r(11 + t);
