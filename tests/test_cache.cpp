@@ -538,8 +538,10 @@ class CacheWrite : public Cache {
     v->upload();
     slots.reset(new pat::DevBuf(dev, 3 * 8));
   }
-  pagedattn_tensor* slot_tensor(std::vector<int64_t> s, int bits = 64) {
-    slots.reset(new pat::DevBuf(dev, std::max<size_t>(s.size(), 1) * 8));
+  // The mapping lives on the backend's device, or in host memory with on_host (the only place
+  // a GPU backend can check it before writing: see pagedattn_kv_cache_write).
+  pagedattn_tensor* slot_tensor(std::vector<int64_t> s, int bits = 64, bool on_host = false) {
+    slots.reset(new pat::DevBuf(on_host ? host_dev : dev, std::max<size_t>(s.size(), 1) * 8));
     for (size_t i = 0; i < s.size(); ++i) {
       if (bits == 64) std::memcpy(&slots->host()[i * 8], &s[i], 8);
       else {
@@ -551,7 +553,7 @@ class CacheWrite : public Cache {
     shp[0] = static_cast<int64_t>(s.size());
     st = pagedattn_tensor{};
     st.data = slots->ptr();
-    st.device = dev;
+    st.device = slots->device();
     st.ndim = 1;
     st.dtype = {PAGEDATTN_DLPACK_INT, static_cast<uint8_t>(bits), 1};
     st.shape = shp;
@@ -566,10 +568,13 @@ class CacheWrite : public Cache {
   std::vector<uint8_t> before;
   std::unique_ptr<pat::Tensor> k, v;
   std::unique_ptr<pat::DevBuf> slots;
+  const pagedattn_device host_dev{PAGEDATTN_DEVICE_CPU, 0};
   int64_t shp[2];
   pagedattn_tensor st;
 };
 
+// A host mapping is checked before anything is written, on every backend (a GPU backend skips
+// bad slots of a mapping in device memory instead: tests/gpu DeviceSlotMappingSkipsBadSlots).
 TEST_F(CacheWrite, SlotsOutOfRangeWriteNothing) {
   const int64_t nbbs = 4 * 4;
   for (auto bad : std::vector<std::vector<int64_t>>{
@@ -579,7 +584,8 @@ TEST_F(CacheWrite, SlotsOutOfRangeWriteNothing) {
       // The message names the first slot out of [-1, nbbs) and its value.
       size_t i = 0;
       while (bad[i] >= -1 && bad[i] < nbbs) ++i;
-      EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), slot_tensor(bad, bits),
+      EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(),
+                                                     slot_tensor(bad, bits, /*on_host=*/true),
                                                      1.f, 1.f, nullptr),
                             PAGEDATTN_ERROR_OUT_OF_RANGE,
                             "slot_mapping[" + std::to_string(i) + "] = " + std::to_string(bad[i])))

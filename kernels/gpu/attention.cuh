@@ -270,6 +270,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
         }
 #pragma unroll
         for (int o = PA_WARP_SIZE / 2; o > 0; o >>= 1) sum += PA_SHFL_XOR(sum, o);
+        PA_SYNCWARP();  // every lane has read m_s[r] before lane 0 overwrites it
         if (lane == 0) {
           const float alpha = (m_old == kNegInf) ? 0.f : __expf(m_old - m_new);
           l_s[r] = l_s[r] * alpha + sum;
@@ -531,6 +532,7 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
       }
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) sum += PA_SHFL_XOR(sum, o);
+      PA_SYNCWARP();  // every lane has read m_s[r] before lane 0 overwrites it
       if (lane == 0) {
         const float alpha = (m_old == kNegInf) ? 0.f : __expf(m_old - m_new);
         l_s[r] = l_s[r] * alpha + sum;

@@ -46,6 +46,8 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #endif
 // HIP shuffles take no mask: the whole wave takes part.
 #define PA_SHFL_XOR(v, m) __shfl_xor((v), (m))
+// A wavefront runs in lockstep; the barrier only keeps the compiler from reordering across it.
+#define PA_SYNCWARP() __builtin_amdgcn_wave_barrier()
 
 #else  // CUDA
 #define PA_CUDA 1
@@ -83,6 +85,8 @@ typedef cudaDeviceProp gpuDeviceProp;
 
 #define PA_WARP_SIZE 32
 #define PA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
+// Orders shared-memory accesses between the lanes of a warp (independent thread scheduling).
+#define PA_SYNCWARP() __syncwarp()
 #endif
 
 #endif  // PAGEDATTN_GPU_VENDOR_CUH
