@@ -17,6 +17,7 @@
 
 #if defined(PA_CUDA)
 #include <cuda_bf16.h>
+#include <cuda_pipeline.h>
 #include <mma.h>
 #endif
 
@@ -66,6 +67,33 @@ __device__ __forceinline__ void copy_unit(char* dst, const char* src, int vec) {
   }
 }
 
+// Global -> shared copies that do not wait for the data: on CUDA (cp.async, sm_80+) the next
+// K/V chunk streams in while the current one is computed on; elsewhere a plain copy.
+#if defined(PA_CUDA)
+constexpr int kStages = 2;
+__device__ __forceinline__ void copy_unit_async(char* dst, const char* src, int vec) {
+  switch (vec) {
+    case 16: __pipeline_memcpy_async(dst, src, 16); break;
+    case 8: __pipeline_memcpy_async(dst, src, 8); break;
+    case 4: __pipeline_memcpy_async(dst, src, 4); break;
+    default: copy_unit(dst, src, vec); break;
+  }
+}
+__device__ __forceinline__ void async_commit() { __pipeline_commit(); }
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void async_wait() { __pipeline_wait_prior(pending); }
+#else
+constexpr int kStages = 1;
+__device__ __forceinline__ void copy_unit_async(char* dst, const char* src, int vec) {
+  copy_unit(dst, src, vec);
+}
+__device__ __forceinline__ void async_commit() {}
+template <int pending>
+__device__ __forceinline__ void async_wait() {}
+#endif
+
+// kStages buffers of kChunk keys (K and V) each: one is computed on while the next loads.
 template <typename KT, int DMAX>
 struct AttnLayout {
   static constexpr int kES = sizeof(KT);
@@ -77,14 +105,14 @@ struct AttnLayout {
   // 64 KiB of LDS per workgroup on AMD: shorter chunks for the widest rows.
   static constexpr int kChunk = (DMAX * kES <= 256) ? 64 : (DMAX * kES <= 512 ? 32 : 16);
 #else
-  static constexpr int kChunk = (DMAX * kES <= 256) ? 64 : 32;
+  static constexpr int kChunk = ((DMAX * kES <= 256) ? 64 : 32) / kStages;
 #endif
 };
 
 template <int R, int NT, int CHUNK, typename KT, int DMAX>
 constexpr size_t attn_smem_bytes() {
   using L = AttnLayout<KT, DMAX>;
-  return sizeof(float) * R * L::kQRow + 2u * CHUNK * L::kRowBytes +
+  return sizeof(float) * R * L::kQRow + 2u * kStages * CHUNK * L::kRowBytes +
          sizeof(float) * R * (CHUNK + 1) + sizeof(float) * 3 * R;
 }
 
@@ -107,9 +135,8 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
 
   extern __shared__ __align__(16) char smem_raw[];
   float* qs = reinterpret_cast<float*>(smem_raw);
-  char* ks = smem_raw + sizeof(float) * R * QROW;
-  char* vs = ks + CHUNK * ROWB;
-  float* ss = reinterpret_cast<float*>(vs + CHUNK * ROWB);
+  char* kv_bufs = smem_raw + sizeof(float) * R * QROW;  // per stage: K chunk, then V chunk
+  float* ss = reinterpret_cast<float*>(kv_bufs + kStages * 2 * CHUNK * ROWB);
   float* m_s = ss + R * SS;
   float* l_s = m_s + R;
   float* a_s = l_s + R;
@@ -169,11 +196,11 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   const int units = row_bytes / vec;
   const int dunits = D / 8;
 
-  for (int c0 = lo; c0 < hi; c0 += CHUNK) {
+  // Issues the copies of the chunk at c0 into stage buffer `buf` (not waited for).
+  auto stage = [&](int c0, int buf) {
     const int nk = min(CHUNK, hi - c0);
-    __syncthreads();  // previous chunk fully consumed
-    // Stage K and V rows of this chunk.
-#pragma unroll 4
+    char* kb = kv_bufs + buf * (2 * CHUNK * ROWB);
+    char* vb = kb + CHUNK * ROWB;
     for (int i = tid; i < nk * units; i += NT) {
       const int key = i / units, u = i % units;
       const int pos = c0 + key;
@@ -190,18 +217,35 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
         voff = row * p.kv.v_slot_stride + static_cast<int64_t>(kvh) * p.kv.v_head_stride;
       }
       const int64_t ub = static_cast<int64_t>(u) * vec;
-      copy_unit(ks + key * ROWB + u * vec, static_cast<const char*>(p.kv.k) + koff * ES + ub, vec);
-      copy_unit(vs + key * ROWB + u * vec, static_cast<const char*>(p.kv.v) + voff * ES + ub, vec);
+      copy_unit_async(kb + key * ROWB + u * vec, static_cast<const char*>(p.kv.k) + koff * ES + ub, vec);
+      copy_unit_async(vb + key * ROWB + u * vec, static_cast<const char*>(p.kv.v) + voff * ES + ub, vec);
     }
     if (row_bytes16 != row_bytes) {  // fp8 rows not a multiple of 16 bytes: zero the tail
       const int tail = row_bytes16 - row_bytes;
       for (int i = tid; i < nk * tail; i += NT) {
         const int key = i / tail, b = row_bytes + i % tail;
-        ks[key * ROWB + b] = 0;
-        vs[key * ROWB + b] = 0;
+        kb[key * ROWB + b] = 0;
+        vb[key * ROWB + b] = 0;
       }
     }
-    __syncthreads();
+  };
+
+  if (lo < hi) stage(lo, 0);
+  async_commit();
+  int buf = 0;
+  for (int c0 = lo; c0 < hi; c0 += CHUNK, buf = (buf + 1) % kStages) {
+    const int nk = min(CHUNK, hi - c0);
+    __syncthreads();  // the previous chunk is fully consumed: its buffer may be refilled
+    if (kStages == 1) {
+      if (c0 != lo) stage(c0, 0);
+    } else if (c0 + CHUNK < hi) {
+      stage(c0 + CHUNK, (buf + 1) % kStages);
+    }
+    async_commit();
+    async_wait<kStages - 1>();  // this thread's copies of chunk c0 have landed...
+    __syncthreads();            // ...and every thread's
+    const char* ks = kv_bufs + buf * (2 * CHUNK * ROWB);
+    const char* vs = ks + CHUNK * ROWB;
 
     // Scores: thread = (key, row group); the K row is read once per 16 bytes for RPT rows.
     {
@@ -212,14 +256,17 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
       for (int j = 0; j < RPT; ++j) dots[j] = 0.f;
       if (key < nk) {
         const char* krow = ks + key * ROWB;
-        for (int vi = 0; vi < nvec; ++vi) {
+        constexpr int NVEC = (DMAX * ES + 15) / 16;  // unrolled: the loads overlap
+#pragma unroll
+        for (int vi = 0; vi < NVEC; ++vi) {
+          if (vi >= nvec) continue;  // (not break: a second loop exit blocks the unrolling)
           const uint4 raw = *reinterpret_cast<const uint4*>(krow + vi * 16);
           float kf[NV];
           load_floats<KT, NV>(reinterpret_cast<const KT*>(&raw), kf);
 #pragma unroll
           for (int j = 0; j < RPT; ++j) {
             const int r = rg + j * RG;
-            if (r < R) {
+            if (r < rows_used) {  // rows past the used ones score -inf below; skip their dots
               const float* qr = qs + r * QROW + vi * NV;
 #pragma unroll
               for (int e = 0; e < NV; ++e) dots[j] = fmaf(qr[e], kf[e], dots[j]);
@@ -293,6 +340,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
       for (int e = 0; e < 8; ++e) acc[u][e] *= a;
       const float* pr = ss + r * SS;
       const char* vcol = vs + d0 * ES;
+#pragma unroll 8
       for (int k = 0; k < nk; ++k) {
         float vf[8];
         load8<KT>(reinterpret_cast<const KT*>(vcol + k * ROWB), vf);
