@@ -195,6 +195,13 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   const int vec = p.kv.vec;
   const int units = row_bytes / vec;
   const int dunits = D / 8;
+  // P.V with one 8-wide unit per thread and at most half the units in use (decode rows of a
+  // group of 4 heads or fewer): the idle half takes the odd keys, the halves are added at the end.
+  const int units_used = rows_used * dunits;
+  const bool kpair = (UPT == 1) && (2 * units_used <= NT);
+  const int half = (kpair && tid >= units_used) ? 1 : 0;
+  const int my_unit = tid - half * units_used;
+  const int kstep = kpair ? 2 : 1;
 
   // Issues the copies of the chunk at c0 into stage buffer `buf` (not waited for).
   auto stage = [&](int c0, int buf) {
@@ -331,7 +338,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
     // P.V: thread owns 8-wide output units (row, d0..d0+7).
 #pragma unroll
     for (int u = 0; u < UPT; ++u) {
-      const int unit = tid + u * NT;
+      const int unit = my_unit + u * NT;
       const int r = unit / dunits;
       if (r >= rows_used) continue;
       const int d0 = (unit % dunits) * 8;
@@ -341,7 +348,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
       const float* pr = ss + r * SS;
       const char* vcol = vs + d0 * ES;
 #pragma unroll 8
-      for (int k = 0; k < nk; ++k) {
+      for (int k = half; k < nk; k += kstep) {
         float vf[8];
         load8<KT>(reinterpret_cast<const KT*>(vcol + k * ROWB), vf);
         const float pk = pr[k];
@@ -351,6 +358,18 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
     }
   }
   __syncthreads();
+  if (kpair) {  // add the odd keys' half (the stage buffers are idle: no copy is in flight)
+    float* red = reinterpret_cast<float*>(kv_bufs);
+    if (half == 1 && my_unit < units_used) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red[my_unit * 8 + e] = acc[0][e];
+    }
+    __syncthreads();
+    if (half == 0 && tid < units_used) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[0][e] += red[tid * 8 + e];
+    }
+  }
 
   // Write the normalised rows (or the split partials) and the log-sum-exp.
 #pragma unroll
