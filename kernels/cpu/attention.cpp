@@ -1819,14 +1819,12 @@ PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, 
 template <int DT>
 PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   const DF d;
-  const hn::RebindToSigned<DF> di;
   const int D = it.head_size;
   const int nh = it.h1 - it.h0;
   const int ntok = it.tok1 - it.tok0;
   const int rows = nh * ntok;
   const int Rp = (rows + 15) / 16 * 16;
   const int Rv = Rp / 16;
-  const float kNegInf = -std::numeric_limits<float>::infinity();
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
   // Scratch: qT2 in q; accT in acc; K as bf16 rows (fp8 only) and the weight pairs in kt; V
   // pairs in vt.
