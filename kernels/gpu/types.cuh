@@ -99,10 +99,6 @@ template <typename T> struct is_fp8 { static constexpr bool value = false; };
 template <> struct is_fp8<e4m3_t> { static constexpr bool value = true; };
 template <> struct is_fp8<e5m2_t> { static constexpr bool value = true; };
 
-// Converts N consecutive elements at p (any alignment of sizeof(T)) to float. fp8 pairs go
-// through a half2 (both formats are subsets of half, so every value is exact): e5m2 by placing
-// the bytes, e4m3 by the cvt instruction on sm_89 and later (NaN stays NaN), which the kernels'
-// inner loops otherwise spend most of their instructions on.
 // Whether load_floats converts T through the cvt instruction in this compilation pass.
 template <typename T>
 constexpr bool fp8_cvt_path() {
@@ -113,6 +109,10 @@ constexpr bool fp8_cvt_path() {
 #endif
 }
 
+// Converts N consecutive elements at p (any alignment of sizeof(T)) to float. fp8 pairs go
+// through a half2 (both formats are subsets of half, so every value is exact): e5m2 by placing
+// the bytes, e4m3 by the cvt instruction on sm_89 and later (NaN stays NaN), which the kernels'
+// inner loops otherwise spend most of their instructions on.
 template <typename T, int N>
 __device__ __forceinline__ void load_floats(const T* p, float* out) {
   if constexpr (std::is_same<T, e5m2_t>::value && N % 2 == 0) {
