@@ -10,8 +10,13 @@
 //   linear+pf       the same, software prefetch of the next tile spread over this one
 //   head-major      NHD head by head (16 rows of 256 B, 2 KiB apart), hardware prefetch only
 //   head-major+pf   the same with the next tile's software prefetch (the decode's scheme)
+// With a `work` argument W > 0, also the two prefetched orders with W units of arithmetic per
+// 256 B read (a unit: one add on each of 8 independent 8-float chains, nothing waiting on the
+// loads; ~3 cycles): the same passes over a pool that stays in cache (the work's own rate) and
+// over the whole pool. Choosing W so the in-cache rate matches a decode's in-cache rate turns the whole-
+// pool figure into what that decode could reach here with perfect overlap of memory and work.
 //
-// usage: pagedattn-read-patterns [threads (0 = all)] [MiB per pool (512)] [passes (3)]
+// usage: pagedattn-read-patterns [threads (0 = all)] [MiB per pool (512)] [passes (3)] [work (0)]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -62,14 +67,34 @@ struct Spread {
   }
 };
 
-enum Pattern { kStream, kLinear, kLinearPf, kHeadMajor, kHeadMajorPf, kPatterns };
-const char* const kNames[kPatterns] = {"stream", "linear", "linear+pf", "head-major",
-                                       "head-major+pf"};
+// Arithmetic standing in for a decode's: `units` dependent adds on eight independent chains,
+// so its time is set by the add latency, not by how wide the target's vectors are.
+inline void work(v8f* w, int units) {
+  const v8f c = {1e-3f, 1e-3f, 1e-3f, 1e-3f, 1e-3f, 1e-3f, 1e-3f, 1e-3f};
+  for (int u = 0; u < units; ++u)
+    for (int j = 0; j < 8; ++j) w[j] += c;
+}
 
-// Reads nb blocks of K and V: the blocks ids[0, nb) (stream: the nb blocks from block lo on).
+enum Pattern {
+  kStream, kLinear, kLinearPf, kHeadMajor, kHeadMajorPf, kPlain,
+  kLinearPfWork = kPlain, kHeadMajorPfWork, kLinearPfWorkCached, kHeadMajorPfWorkCached, kPatterns
+};
+const char* const kNames[kPatterns] = {"stream", "linear", "linear+pf", "head-major",
+                                       "head-major+pf", "linear+pf+work", "head-major+pf+work",
+                                       "linear+pf+work (in cache)", "head-major+pf+work (in cache)"};
+constexpr size_t kCachedBlocks = 16;  // per thread and pool: 2 x 512 KiB, held in L2/L3
+
+// Reads nb blocks of K and V: the blocks ids[0, nb) (stream: the nb blocks from block lo on);
+// in-cache patterns cycle through the first kCachedBlocks of ids instead.
 PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* ids, size_t lo, size_t nb,
-                         int pat) {
+                         int pat, int units) {
+  const bool cached = pat == kLinearPfWorkCached || pat == kHeadMajorPfWorkCached;
+  const bool busy = pat >= kPlain;
+  if (pat == kLinearPfWork || pat == kLinearPfWorkCached) pat = kLinearPf;
+  if (pat == kHeadMajorPfWork || pat == kHeadMajorPfWorkCached) pat = kHeadMajorPf;
+  auto id = [&](size_t i) { return cached ? ids[i % std::min(nb, kCachedBlocks)] : ids[i]; };
   v8f a[4] = {};
+  v8f w[8] = {};
   if (pat == kStream) {
     for (const char* base : {K, V})
       for (size_t o = lo * kBlock; o < (lo + nb) * kBlock; o += 256) sum256(base + o, a);
@@ -82,23 +107,25 @@ PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* id
       for (int kv = 0; kv < 2; ++kv) {
         const char* base = kv ? V : K;
         if (pf && more) {
-          const char* nxt[2] = {base + (size_t)ids[t + 2] * kBlock, base + (size_t)ids[t + 3] * kBlock};
+          const char* nxt[2] = {base + (size_t)id(t + 2) * kBlock, base + (size_t)id(t + 3) * kBlock};
           s.start(nxt, 2);
         } else {
           s.n = 0;
         }
         for (int b = 0; b < 2; ++b) {
-          const char* blk = base + (size_t)ids[t + b] * kBlock;
+          const char* blk = base + (size_t)id(t + b) * kBlock;
           if (heads) {
             for (size_t h = 0; h < kRow / kHead; ++h)
               for (size_t r = 0; r < kBlock / kRow; ++r) {
                 sum256(blk + r * kRow + h * kHead, a);
                 if (pf) s.step();
+                if (busy) work(w, units);
               }
           } else {
             for (size_t o = 0; o < kBlock; o += 256) {
               sum256(blk + o, a);
               if (pf) s.step();
+              if (busy) work(w, units);
             }
           }
         }
@@ -106,6 +133,7 @@ PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* id
     }
   }
   v8f z = (a[0] + a[1]) + (a[2] + a[3]);
+  for (int j = 0; j < 8; ++j) z += w[j];
   float r = 0;
   for (int i = 0; i < 8; ++i) r += z[i];
   return r;
@@ -117,9 +145,11 @@ int main(int argc, char** argv) {
   int threads = argc > 1 ? std::atoi(argv[1]) : 0;
   const size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 512;
   const int passes = argc > 3 ? std::atoi(argv[3]) : 3;
+  const int units = argc > 4 ? std::atoi(argv[4]) : 0;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (mib < 8 || passes < 1) {
-    std::fprintf(stderr, "usage: pagedattn-read-patterns [threads] [MiB per pool >= 8] [passes]\n");
+  if (mib < 8 || passes < 1 || units < 0 || units > 4096) {
+    std::fprintf(stderr, "usage: pagedattn-read-patterns [threads] [MiB per pool >= 8] [passes]"
+                         " [work 0..4096]\n");
     return 2;
   }
   const size_t kHuge = size_t(2) << 20;
@@ -152,23 +182,38 @@ int main(int argc, char** argv) {
     for (size_t i = hi - lo; i > 1; --i) std::swap(ids[lo + i - 1], ids[lo + rng.next() % i]);
   }
   std::printf("pagedattn-read-patterns: %d threads, K and V pools of %zu MiB, %zu blocks of 32 KiB,"
-              " best of %d passes\n", threads, bytes >> 20, nblocks, passes);
+              " best of %d passes%s\n", threads, bytes >> 20, nblocks, passes,
+              units > 0 ? ", work per 256 B read as given" : "");
   volatile float sink = 0;
   std::vector<float> part(threads);
-  for (int pat = 0; pat < kPatterns; ++pat) {
+  // The host's bandwidth can change within minutes: the stream pass runs first and last, and
+  // every figure is also given as a share of the faster of the two.
+  const int npat = units > 0 ? kPatterns : kPlain;
+  std::vector<double> rate(npat + 1);
+  for (int i = 0; i <= npat; ++i) {
+    const int pat = i == npat ? kStream : i;
     double best = 0;
     for (int p = 0; p < passes; ++p) {
       const double t0 = bench::now_s();
       bench::parallel(threads, [&](int t) {
         const size_t lo = nblocks * t / threads, hi = nblocks * (t + 1) / threads;
-        part[t] = read_share(K, V, ids.data() + lo, lo, hi - lo, pat);
+        part[t] = read_share(K, V, ids.data() + lo, lo, hi - lo, pat, units);
       });
       const double dt = bench::now_s() - t0;
       for (float x : part) sink = sink + x;
       best = std::max(best, 2.0 * static_cast<double>(bytes) / dt);
     }
-    std::printf("  %-14s %6.2f GB/s\n", kNames[pat], best / 1e9);
+    rate[i] = best;
   }
+  const double stream = std::max(rate[0], rate[npat]);
+  for (int i = 0; i <= npat; ++i) {
+    std::printf("  %-30s %6.2f GB/s  %4.0f%% of stream\n",
+                i == npat ? "stream (again, last)" : kNames[i], rate[i] / 1e9,
+                100.0 * rate[i] / stream);
+  }
+  if (std::min(rate[0], rate[npat]) < 0.9 * stream)
+    std::printf("  note: the stream rate changed by over 10%% during the run; the host's bandwidth"
+                " moved, so compare these figures with care\n");
   std::free(K);
   std::free(V);
   return 0;
