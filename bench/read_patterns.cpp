@@ -13,8 +13,9 @@
 // With a `work` argument W > 0, also the two prefetched orders with W units of arithmetic per
 // 256 B read (a unit: one add on each of 8 independent 8-float chains, nothing waiting on the
 // loads; ~3 cycles): the same passes over a pool that stays in cache (the work's own rate) and
-// over the whole pool. Choosing W so the in-cache rate matches a decode's in-cache rate turns the whole-
-// pool figure into what that decode could reach here with perfect overlap of memory and work.
+// over the whole pool. With W chosen so the in-cache rate matches a decode's in-cache rate, the
+// whole-pool figure is what that decode could reach here if memory and work overlapped perfectly
+// (bench/overlap-bound.sh does the choosing).
 //
 // usage: pagedattn-read-patterns [threads (0 = all)] [MiB per pool (512)] [passes (3)] [work (0)]
 #include <algorithm>
