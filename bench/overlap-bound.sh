@@ -16,7 +16,8 @@ probe=$build/bench/pagedattn-read-patterns
 [ -x "$bench" ] && [ -x "$probe" ] || { echo "overlap-bound.sh: build $build first" >&2; exit 1; }
 for t in ${*:-1 2}; do
   rate=$("$bench" --batch 1 --context 2048 --layers 1 --threads 1 --no-ceilings \
-      --baseline-iters 0 --no-check --iters 1000 2>&1 | sed -n 's/.*bytes:.*-> \([0-9.]*\) GB.*/\1/p')
+      --baseline-iters 0 --no-check --iters 1000 2>&1 |
+      sed -n 's/.*bytes:.*-> \([0-9.]*\) GB.*/\1/p')
   [ -n "$rate" ] || { echo "overlap-bound.sh: no in-cache decode rate" >&2; exit 1; }
   # 14 units per 256 B read ran at 22.1 GB/s on the machine this was written on; the work's time
   # is linear in the units, so scale from there.

@@ -82,13 +82,14 @@ enum Pattern {
 };
 const char* const kNames[kPatterns] = {"stream", "linear", "linear+pf", "head-major",
                                        "head-major+pf", "linear+pf+work", "head-major+pf+work",
-                                       "linear+pf+work (in cache)", "head-major+pf+work (in cache)"};
+                                       "linear+pf+work (in cache)",
+                                       "head-major+pf+work (in cache)"};
 constexpr size_t kCachedBlocks = 16;  // per thread and pool: 2 x 512 KiB, held in L2/L3
 
 // Reads nb blocks of K and V: the blocks ids[0, nb) (stream: the nb blocks from block lo on);
 // in-cache patterns cycle through the first kCachedBlocks of ids instead.
-PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* ids, size_t lo, size_t nb,
-                         int pat, int units) {
+PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* ids, size_t lo,
+                                     size_t nb, int pat, int units) {
   const bool cached = pat == kLinearPfWorkCached || pat == kHeadMajorPfWorkCached;
   const bool busy = pat >= kPlain;
   if (pat == kLinearPfWork || pat == kLinearPfWorkCached) pat = kLinearPf;
@@ -108,7 +109,8 @@ PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* id
       for (int kv = 0; kv < 2; ++kv) {
         const char* base = kv ? V : K;
         if (pf && more) {
-          const char* nxt[2] = {base + (size_t)id(t + 2) * kBlock, base + (size_t)id(t + 3) * kBlock};
+          const char* nxt[2] = {base + (size_t)id(t + 2) * kBlock,
+                                base + (size_t)id(t + 3) * kBlock};
           s.start(nxt, 2);
         } else {
           s.n = 0;
