@@ -1548,6 +1548,41 @@ PA_DP_ATTR HWY_INLINE void dp_acc_rows(float* acc, int D, const uint16_t* p16,
   }
 }
 
+// softmax_tile's bf16-weight pass for a tile that every row sees whole, with no soft cap or ALiBi
+// (most tiles of a decode), in registers: scale, max, online-softmax update, exp, and the weights
+// rounded to bf16 straight into p16 (kKeyTile = 32 of them per row: two vectors). l adds up the
+// rounded weights, as softmax_tile's does, so P.V divides by exactly the weights it used.
+static_assert(kKeyTile == 32, "dp_softmax_full holds a row's scores in two vectors");
+PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows, int D,
+                                           float sfac) {
+  const DF d;
+  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const __m512 vf = _mm512_set1_ps(sfac);
+  const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int r = 0; r < rows; ++r) {
+    const float* s = sc->s + r * kKeyTile;
+    const __m512 s0 = _mm512_mul_ps(_mm512_load_ps(s), vf);
+    const __m512 s1 = _mm512_mul_ps(_mm512_load_ps(s + 16), vf);
+    const float mt = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+    const float mold = sc->m[r];
+    if (mt > mold) {  // the running max grows: rescale what was summed so far
+      const float alpha = mold == kNegInf ? 0.0f : expf(mold - mt);
+      sc->l[r] *= alpha;
+      scale_row(sc->acc + static_cast<size_t>(r) * D, alpha, D);
+      sc->m[r] = mt;
+    }
+    const __m512 vm = _mm512_set1_ps(sc->m[r]);
+    const __m512 p0 = hn::Exp(d, hn::Vec<DF>{_mm512_sub_ps(s0, vm)}).raw;
+    const __m512 p1 = hn::Exp(d, hn::Vec<DF>{_mm512_sub_ps(s1, vm)}).raw;
+    const __m512i pb = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+    _mm512_store_si512(p16 + r * kKeyTile, pb);
+    // Back to float32: each dword holds two weights, the low one (<< 16) and the high one.
+    const __m512 w = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pb, 16)),
+                                   _mm512_castsi512_ps(_mm512_and_si512(pb, hi_mask)));
+    sc->l[r] += _mm512_reduce_add_ps(w);
+  }
+}
+
 // Can the dot-product decode run this item? bf16 caches read by bf16 queries, head sizes that
 // are multiples of 32; fp8 caches, any query dtype, head sizes that are multiples of 64.
 HWY_INLINE bool dp_eligible(const AttnItem& it) {
@@ -1684,16 +1719,23 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     stream(ptrs[cur ^ 1][1]);
     pf.plan(static_cast<int64_t>(kvn) * ((G + 3) / 4) * ((D + 63) / 64) * (nk16 / 2));
     cur ^= 1;
-    if (!softmax_tile(it, sc, kt0, nk, plain, D, sfac, true)) {
-      pf.flush();
-      continue;
+    bool full = plain && nk == kKeyTile;
+    for (int t = 0; full && t < ntok; ++t)
+      full = item_row_lo(it, t) <= kt0 && kt0 + nk - 1 <= item_row_hi(it, t);
+    if (full) {
+      dp_softmax_full(sc, p16, rows, D, sfac);
+    } else {
+      if (!softmax_tile(it, sc, kt0, nk, plain, D, sfac, true)) {
+        pf.flush();
+        continue;
+      }
+      for (int r = 0; r < rows; ++r) {  // bf16 values already (weights of keys >= nk are 0)
+        const float* s = sc->s + r * kKeyTile;
+        const __m512bh pb = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + 16), _mm512_load_ps(s));
+        _mm512_store_si512(p16 + r * kKeyTile, (__m512i)pb);
+      }
     }
     const int nk2 = (nk + 1) & ~1;
-    for (int r = 0; r < rows; ++r) {  // bf16 values already (weights of keys >= nk are 0)
-      const float* s = sc->s + r * kKeyTile;
-      const __m512bh pb = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + 16), _mm512_load_ps(s));
-      _mm512_store_si512(p16 + r * kKeyTile, (__m512i)pb);
-    }
     for (int h = 0; h < kvn; ++h) {
       const void* const* vh = head_rows(vptr, h, nk2);
       int r = h * G;
