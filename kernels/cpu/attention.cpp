@@ -1433,10 +1433,11 @@ struct PfStream {
 };
 
 // Scores of R rows (q16 at stride D words) against 16/R keys from kp[k]: s[r][k + b] = q . k.
+// Each key row is read at kp[k + b] + off bytes (off: the head's offset in a slot row).
 template <int DT, int R>
 PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int D,
                                           const void* const* kp, int k, float* HWY_RESTRICT s,
-                                          const Fp8Lut& L) {
+                                          const Fp8Lut& L, int64_t off) {
   constexpr int KB = 16 / R;
   __m512 a[16];
   for (int i = 0; i < 16; ++i) a[i] = _mm512_setzero_ps();
@@ -1447,7 +1448,8 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
       for (int r = 0; r < R; ++r) qv[r] = _mm512_load_si512(q16 + r * D + i);
       HWY_UNROLL(16)
       for (int b = 0; b < KB; ++b) {
-        const __m512i kv = _mm512_loadu_si512(static_cast<const uint16_t*>(kp[k + b]) + i);
+        const __m512i kv = _mm512_loadu_si512(
+            reinterpret_cast<const uint16_t*>(static_cast<const char*>(kp[k + b]) + off) + i);
         HWY_UNROLL(4)
         for (int r = 0; r < R; ++r) {
           __m512& acc = a[dp_slot(R, r, b)];
@@ -1460,7 +1462,7 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
       HWY_UNROLL(16)
       for (int b = 0; b < KB; ++b) {
         __m512i w0, w1;
-        fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k + b]) + i), w0, w1);
+        fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k + b]) + off + i), w0, w1);
         HWY_UNROLL(4)
         for (int r = 0; r < R; ++r) {
           __m512& acc = a[dp_slot(R, r, b)];
@@ -1481,21 +1483,23 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
 // Scores of R rows against keys [0, nk) of kp (padded with a zero row to a multiple of 16).
 template <int DT, int R>
 PA_DP_ATTR HWY_INLINE void dp_score_rows(const uint16_t* q16, int D, const void* const* kp,
-                                         int nk, float* s, PfStream* pf, const Fp8Lut& L) {
+                                         int nk, float* s, PfStream* pf, const Fp8Lut& L,
+                                         int64_t off) {
   constexpr int KB = 16 / R;
   for (int k = 0; k < nk; k += KB) {
-    dp_score_block<DT, R>(q16, D, kp, k, s, L);
+    dp_score_block<DT, R>(q16, D, kp, k, s, L, off);
     pf->step();
   }
 }
 
 // acc rows (stride D, accumulator order) += sum_k p[r][k] v_k over the group of 32 * NV dims at
 // g, keys [0, nk) in pairs (nk even, padded with a zero row and weight 0). p16 holds the weights
-// as bf16, row stride kKeyTile: the 32-bit word at key k is the pair (p_k, p_k+1).
+// as bf16, row stride kKeyTile: the 32-bit word at key k is the pair (p_k, p_k+1). V rows are
+// read at vp[k] + off bytes, as the scores read K.
 template <int DT, int R, int NV>
 PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
                                         const uint16_t* HWY_RESTRICT p16, const void* const* vp,
-                                        int nk, PfStream* pf, const Fp8Lut& L) {
+                                        int nk, PfStream* pf, const Fp8Lut& L, int64_t off) {
   __m512 a[R][NV];
   HWY_UNROLL(4)
   for (int r = 0; r < R; ++r) {
@@ -1506,8 +1510,10 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
     pf->step();
     __m512i w[NV];
     if constexpr (!dp_fp8(DT)) {
-      const uint16_t* v0 = static_cast<const uint16_t*>(vp[k]) + g;
-      const uint16_t* v1 = static_cast<const uint16_t*>(vp[k + 1]) + g;
+      const uint16_t* v0 =
+          reinterpret_cast<const uint16_t*>(static_cast<const char*>(vp[k]) + off) + g;
+      const uint16_t* v1 =
+          reinterpret_cast<const uint16_t*>(static_cast<const char*>(vp[k + 1]) + off) + g;
       HWY_UNROLL(2)
       for (int c = 0; c < NV / 2; ++c) {
         const __m512i x0 = _mm512_loadu_si512(v0 + 32 * c), x1 = _mm512_loadu_si512(v1 + 32 * c);
@@ -1516,8 +1522,8 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
       }
     } else {
       static_assert(!dp_fp8(DT) || NV == 4, "fp8 groups are 64 dims");
-      const __m512i x0 = _mm512_loadu_si512(static_cast<const uint8_t*>(vp[k]) + g);
-      const __m512i x1 = _mm512_loadu_si512(static_cast<const uint8_t*>(vp[k + 1]) + g);
+      const __m512i x0 = _mm512_loadu_si512(static_cast<const uint8_t*>(vp[k]) + off + g);
+      const __m512i x1 = _mm512_loadu_si512(static_cast<const uint8_t*>(vp[k + 1]) + off + g);
       fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w[0], w[1]);
       fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w[2], w[3]);
     }
@@ -1540,11 +1546,11 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
 template <int DT, int R>
 PA_DP_ATTR HWY_INLINE void dp_acc_rows(float* acc, int D, const uint16_t* p16,
                                        const void* const* vp, int nk, PfStream* pf,
-                                       const Fp8Lut& L) {
+                                       const Fp8Lut& L, int64_t off) {
   int g = 0;
-  for (; g + 64 <= D; g += 64) dp_acc_group<DT, R, 4>(acc, D, g, p16, vp, nk, pf, L);
+  for (; g + 64 <= D; g += 64) dp_acc_group<DT, R, 4>(acc, D, g, p16, vp, nk, pf, L, off);
   if constexpr (!dp_fp8(DT)) {
-    if (g < D) dp_acc_group<DT, R, 2>(acc, D, g, p16, vp, nk, pf, L);
+    if (g < D) dp_acc_group<DT, R, 2>(acc, D, g, p16, vp, nk, pf, L, off);
   }
 }
 
@@ -1600,7 +1606,8 @@ HWY_INLINE bool dp_eligible(const AttnItem& it) {
 }
 
 // A zero K/V row: padding keys of a tile point here (fp8 0x00 and bf16 0x0000 are +0).
-alignas(64) const uint8_t kZeroRow[kMaxHeadSize * 2] = {};
+// kMaxRows rows long, so that a later head's offset from it (by_offset below) stays inside.
+alignas(64) const uint8_t kZeroRow[kMaxRows * kMaxHeadSize * 2] = {};
 
 template <int DT>
 PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
@@ -1670,6 +1677,11 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     return hptr;
   };
 
+  // Head h's rows as the first head's row addresses plus h * head_bytes, when a padding key's
+  // zero row is long enough for that too; else rebuilt per head (head_rows). In cache the
+  // rebuilding cost 7% of a bf16 decode (b1 x 2048, one thread).
+  const bool by_offset = kvn > 1 && (kvn - 1) * head_bytes + D * static_cast<int64_t>(esz) <=
+                                        static_cast<int64_t>(sizeof(kZeroRow));
   if (kbeg < kend) {
     const int n0 = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kbeg));
     key_ptrs(it, kbeg, n0, ptrs[0][0], ptrs[0][1], 0);
@@ -1705,15 +1717,16 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     stream(ptrs[cur ^ 1][0]);
     pf.plan(static_cast<int64_t>(kvn) * ((G_s + 3) / 4) * (nk16 / 4));
     for (int h = 0; h < kvn; ++h) {
-      const void* const* kh = head_rows(kptr, h, nk16);
+      const void* const* kh = by_offset ? kptr : head_rows(kptr, h, nk16);
+      const int64_t off = by_offset ? h * head_bytes : 0;
       int r = h * G;
       const int r_end = h * G + G_s;
       for (; r + 4 <= r_end; r += 4)
-        dp_score_rows<DT, 4>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L);
+        dp_score_rows<DT, 4>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
       if (r_end - r == 2)
-        dp_score_rows<DT, 2>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L);
+        dp_score_rows<DT, 2>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
       else if (r_end - r == 1)
-        dp_score_rows<DT, 1>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L);
+        dp_score_rows<DT, 1>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
     }
     pf.flush();
     stream(ptrs[cur ^ 1][1]);
@@ -1737,15 +1750,16 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     }
     const int nk2 = (nk + 1) & ~1;
     for (int h = 0; h < kvn; ++h) {
-      const void* const* vh = head_rows(vptr, h, nk2);
+      const void* const* vh = by_offset ? vptr : head_rows(vptr, h, nk2);
+      const int64_t off = by_offset ? h * head_bytes : 0;
       int r = h * G;
       const int r_end = h * G + G;
       for (; r + 4 <= r_end; r += 4)
-        dp_acc_rows<DT, 4>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L);
+        dp_acc_rows<DT, 4>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off);
       switch (r_end - r) {
-        case 3: dp_acc_rows<DT, 3>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L); break;
-        case 2: dp_acc_rows<DT, 2>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L); break;
-        case 1: dp_acc_rows<DT, 1>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L); break;
+        case 3: dp_acc_rows<DT, 3>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
+        case 2: dp_acc_rows<DT, 2>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
+        case 1: dp_acc_rows<DT, 1>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
         default: break;
       }
     }
