@@ -1038,6 +1038,20 @@ HWY_INLINE float round_bf16_sum(float* HWY_RESTRICT p, int n) {
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
+// Row r's running max becomes max(m[r], mt); when it grows, the row's sum and its Dp accumulators
+// are rescaled to it (alpha 0 for a row that had seen nothing). Returns the new max.
+HWY_INLINE float raise_max(Scratch* sc, int r, float mt, int Dp) {
+  const float mold = sc->m[r];
+  const float mnew = std::max(mold, mt);
+  if (mold != mnew) {
+    const float alpha = mold == -std::numeric_limits<float>::infinity() ? 0.0f : expf(mold - mnew);
+    sc->l[r] *= alpha;
+    scale_row(sc->acc + static_cast<size_t>(r) * Dp, alpha, Dp);
+    sc->m[r] = mnew;
+  }
+  return mnew;
+}
+
 // Online softmax over one key tile of the dot-product paths: rows r = t * nh + g hold raw scores
 // s[r][0, nk) (times sfac), which become masked, capped, biased, exponentiated weights; m and l
 // are updated and the accumulator rows (Dp floats) rescaled when a row's maximum grows. Entries
@@ -1089,13 +1103,7 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
         continue;
       }
       any = true;
-      const float mnew = std::max(sc->m[r], mt);
-      if (sc->m[r] != mnew) {
-        const float alpha = sc->m[r] == kNegInf ? 0.0f : expf(sc->m[r] - mnew);
-        sc->l[r] *= alpha;
-        scale_row(sc->acc + static_cast<size_t>(r) * Dp, alpha, Dp);
-        sc->m[r] = mnew;
-      }
+      const float mnew = raise_max(sc, r, mt, Dp);
       const float tile_sum = exp_row(s, mnew, nk);
       if (bf16_weights) {
         for (int k = nk; k < kKeyTile; ++k) s[k] = 0.0f;
@@ -1562,7 +1570,6 @@ static_assert(kKeyTile == 32, "dp_softmax_full holds a row's scores in two vecto
 PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows, int D,
                                            float sfac) {
   const DF d;
-  const float kNegInf = -std::numeric_limits<float>::infinity();
   const __m512 vf = _mm512_set1_ps(sfac);
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int r = 0; r < rows; ++r) {
@@ -1570,14 +1577,7 @@ PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows,
     const __m512 s0 = _mm512_mul_ps(_mm512_load_ps(s), vf);
     const __m512 s1 = _mm512_mul_ps(_mm512_load_ps(s + 16), vf);
     const float mt = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
-    const float mold = sc->m[r];
-    if (mt > mold) {  // the running max grows: rescale what was summed so far
-      const float alpha = mold == kNegInf ? 0.0f : expf(mold - mt);
-      sc->l[r] *= alpha;
-      scale_row(sc->acc + static_cast<size_t>(r) * D, alpha, D);
-      sc->m[r] = mt;
-    }
-    const __m512 vm = _mm512_set1_ps(sc->m[r]);
+    const __m512 vm = _mm512_set1_ps(raise_max(sc, r, mt, D));
     const __m512 p0 = hn::Exp(d, hn::Vec<DF>{_mm512_sub_ps(s0, vm)}).raw;
     const __m512 p1 = hn::Exp(d, hn::Vec<DF>{_mm512_sub_ps(s1, vm)}).raw;
     const __m512i pb = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
