@@ -239,6 +239,33 @@ TEST(Backends, CpuTargetEnvironment) {
   pagedattn_backend_destroy(st == PAGEDATTN_OK ? be : nullptr);
 }
 
+TEST(Backends, CpuSpinEnvironment) {
+  // PAGEDATTN_CPU_SPIN_US is read at creation: anything but a whole number of microseconds in
+  // 0..1000000 is refused with the variable named, and no backend is made.
+  const char* old = std::getenv("PAGEDATTN_CPU_SPIN_US");
+  const std::string saved = old ? old : "";
+  auto create_with = [&](const char* value, pagedattn_backend** be) {
+    setenv("PAGEDATTN_CPU_SPIN_US", value, 1);
+    const pagedattn_status st = pagedattn_backend_create(be, pat::backend_name().c_str(), nullptr);
+    if (old) setenv("PAGEDATTN_CPU_SPIN_US", saved.c_str(), 1);
+    else unsetenv("PAGEDATTN_CPU_SPIN_US");
+    return st;
+  };
+  for (const char* bad : {"", "abc", "-1", "1000001", "12us", " 5", "99999999999999999999"}) {
+    pagedattn_backend* be = reinterpret_cast<pagedattn_backend*>(0x1);  // must stay untouched
+    const pagedattn_status st = create_with(bad, &be);
+    EXPECT_TRUE(status_is(st, PAGEDATTN_ERROR_INVALID_ARGUMENT)) << "value '" << bad << "'";
+    EXPECT_EQ(be, reinterpret_cast<pagedattn_backend*>(0x1)) << "value '" << bad << "'";
+    EXPECT_NE(std::string(pagedattn_last_error()).find("PAGEDATTN_CPU_SPIN_US"),
+              std::string::npos) << pagedattn_last_error();
+  }
+  for (const char* good : {"0", "1000000", "100"}) {
+    pagedattn_backend* be = nullptr;
+    EXPECT_EQ(create_with(good, &be), PAGEDATTN_OK) << good << ": " << pagedattn_last_error();
+    pagedattn_backend_destroy(be);
+  }
+}
+
 TEST(Backends, DestroyOrderIsSafe) {
   // Destroying the backend before its caches and batches must not crash (refcounted).
   pagedattn_backend* be = nullptr;

@@ -90,8 +90,11 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_get_info(pagedattn_backend_info
  * created of cuda, hip, onednn, cpu: onednn shares the cpu kernels for decode and is faster for
  * prefill chunks, so it is preferred whenever its plugin loads — see README). opts may be NULL
  * for defaults. On success *out owns a new handle; free it with pagedattn_backend_destroy.
+ * CPU backends keep num_threads - 1 worker threads; after a call they spin for
+ * PAGEDATTN_CPU_SPIN_US microseconds (default 100, read here; see README) before they sleep.
  * Returns: PAGEDATTN_ERROR_NULL_POINTER (out or name), PAGEDATTN_ERROR_STRUCT_SIZE,
- * PAGEDATTN_ERROR_INVALID_ARGUMENT (negative thread count or device index, flags != 0),
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (negative thread count or device index, flags != 0,
+ * PAGEDATTN_CPU_SPIN_US not a whole number in 0..1000000),
  * PAGEDATTN_ERROR_UNKNOWN_BACKEND, PAGEDATTN_ERROR_BACKEND_UNAVAILABLE (no such device, no
  * driver, a device index other than 0 on a CPU backend, oneDNN failing to initialise),
  * PAGEDATTN_ERROR_PLUGIN / PAGEDATTN_ERROR_PLUGIN_ABI (the message names the file),

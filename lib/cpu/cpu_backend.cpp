@@ -1,6 +1,7 @@
 // lib/cpu/cpu_backend.cpp — the built-in CPU backend: its op table (pa_cpu_backend_ops), state,
 // memory, planning and the work split of a forward. The core validated every argument already;
 // nothing here throws across the table (every op catches).
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -468,6 +469,25 @@ pagedattn_status probe(int32_t device_index, char* msg) {
   return PAGEDATTN_OK;
 }
 
+// How long idle workers (and a caller waiting for them) spin before they sleep: 100 us covers the
+// gap between back-to-back calls (one per layer), and is what an idle backend burns after a call.
+constexpr int kDefaultSpinUs = 100;
+
+// PAGEDATTN_CPU_SPIN_US: unset keeps *us; otherwise a whole number 0..1000000.
+bool spin_select(const char* env, int* us, char* msg) {
+  if (env == nullptr) return true;
+  char* end = nullptr;
+  errno = 0;
+  const long v = strtol(env, &end, 10);
+  if (env[0] < '0' || env[0] > '9' || *end != '\0' || errno != 0 || v > 1000000) {
+    snprintf(msg, PA_MSG_LEN, "PAGEDATTN_CPU_SPIN_US=%.64s is not a whole number of"
+             " microseconds in 0..1000000", env);
+    return false;
+  }
+  *us = static_cast<int>(v);
+  return true;
+}
+
 pagedattn_status create_with(void** state, const pagedattn_backend_options* opts,
                              std::atomic<uint64_t>* shared_used, char* msg) {
   try {
@@ -475,6 +495,9 @@ pagedattn_status create_with(void** state, const pagedattn_backend_options* opts
     // Forces the SIMD target of this backend only (see kernels/cpu/targets.cpp).
     if (!target_select(getenv("PAGEDATTN_CPU_TARGET"), &target, msg))
       return PAGEDATTN_ERROR_UNSUPPORTED;
+    int spin_us = kDefaultSpinUs;
+    if (!spin_select(getenv("PAGEDATTN_CPU_SPIN_US"), &spin_us, msg))
+      return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     int n = opts->num_threads;
     if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
     if (n <= 0) n = 1;
@@ -487,7 +510,7 @@ pagedattn_status create_with(void** state, const pagedattn_backend_options* opts
     b->memory_limit = opts->memory_limit;
     if (shared_used != nullptr) b->used = shared_used;
     try {
-      b->pool = new ThreadPool(n);
+      b->pool = new ThreadPool(n, spin_us);
     } catch (...) {
       delete b;
       snprintf(msg, PA_MSG_LEN, "cpu: could not start %d worker threads", n);

@@ -1,16 +1,52 @@
 // lib/cpu/thread_pool.cpp — see thread_pool.h.
 #include "thread_pool.h"
 
+#include <chrono>
+
 namespace pa_cpu {
 
-ThreadPool::ThreadPool(int size) : size_(size < 1 ? 1 : size) {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Spins until done() or spin_ns have passed; true if done(). The clock is read every 64 pauses.
+template <class Done>
+bool spin_until(int64_t spin_ns, const Done& done) {
+  if (done()) return true;
+  if (spin_ns <= 0) return false;
+  const int64_t end = now_ns() + spin_ns;
+  for (;;) {
+    for (int i = 0; i < 64; ++i) {
+      cpu_relax();
+      if (done()) return true;
+    }
+    if (now_ns() >= end) return done();
+  }
+}
+
+}  // namespace
+
+ThreadPool::ThreadPool(int size, int spin_us)
+    : size_(size < 1 ? 1 : size), spin_ns_(spin_us > 0 ? int64_t{spin_us} * 1000 : 0) {
   threads_.reserve(static_cast<size_t>(size_ - 1));
   try {
     for (int w = 1; w < size_; ++w) threads_.emplace_back([this, w] { worker_main(w); });
   } catch (...) {
     {
       std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
+      stop_.store(true);
     }
     start_cv_.notify_all();
     for (auto& t : threads_) t.join();
@@ -21,7 +57,7 @@ ThreadPool::ThreadPool(int size) : size_(size < 1 ? 1 : size) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   start_cv_.notify_all();
   for (auto& t : threads_) t.join();
@@ -38,16 +74,24 @@ void ThreadPool::drain(int worker) {
 void ThreadPool::worker_main(int worker) {
   uint64_t seen = 0;
   for (;;) {
-    {
+    auto published = [&] {
+      return stop_.load(std::memory_order_relaxed) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(spin_ns_, published)) {
       std::unique_lock<std::mutex> lk(mu_);
-      start_cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      ++sleepers_;
+      start_cv_.wait(lk, published);
+      --sleepers_;
     }
+    if (stop_.load(std::memory_order_relaxed)) return;
+    seen = generation_.load(std::memory_order_acquire);
     drain(worker);
-    {
+    // The last one out wakes the caller if it gave up spinning (a notify with no waiter is
+    // cheap; the lock orders it after the caller's predicate check).
+    if (busy_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lk(mu_);
-      if (--busy_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -59,19 +103,24 @@ void ThreadPool::run(int64_t n, Fn fn, const void* ctx) {
     return;
   }
   std::lock_guard<std::mutex> call(call_mu_);
+  bool wake = false;
   {
+    // Published under mu_ so a worker between its last check and its sleep cannot miss it.
     std::lock_guard<std::mutex> lk(mu_);
     fn_ = fn;
     ctx_ = ctx;
     n_ = n;
     next_.store(0, std::memory_order_relaxed);
-    busy_ = size_ - 1;
-    ++generation_;
+    busy_.store(size_ - 1, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
-  start_cv_.notify_all();
+  if (wake) start_cv_.notify_all();
   drain(0);
+  auto done = [&] { return busy_.load(std::memory_order_acquire) == 0; };
+  if (spin_until(spin_ns_, done)) return;
   std::unique_lock<std::mutex> lk(mu_);
-  done_cv_.wait(lk, [&] { return busy_ == 0; });
+  done_cv_.wait(lk, done);
 }
 
 }  // namespace pa_cpu

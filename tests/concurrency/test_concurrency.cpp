@@ -2,6 +2,8 @@
 // run at once, with results identical to a single-threaded run. Meant to run under
 // ThreadSanitizer too (scripts/sanitize --thread), so every test keeps its work small.
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -477,4 +479,78 @@ TEST(Concurrency, MergeStatesFromManyThreads) {
     EXPECT_TRUE(same_bytes(got[t], ref[t])) << "thread " << t;
   }
   pagedattn_backend_destroy(be);
+}
+
+// The worker pool spins PAGEDATTN_CPU_SPIN_US microseconds between calls before it sleeps: with
+// no spin (every call wakes sleeping workers), a 1 us spin (calls find them in either state) and
+// a long one (always awake), calls in a row, calls after a pause and calls from several threads
+// give the bytes of a one-thread backend (no pool). These shapes stay under split-KV's 512 keys,
+// so every pool size runs the same items.
+TEST(Concurrency, PoolSpinSettings) {
+  const uint64_t seed = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(seed));
+  const char* old = std::getenv("PAGEDATTN_CPU_SPIN_US");
+  const std::string saved = old ? old : "";
+  std::vector<int32_t> blocks(24);
+  {
+    std::mt19937 r(static_cast<uint32_t>(seed) + 7);
+    for (auto& b : blocks) b = static_cast<int32_t>(r() % kBlocks);
+  }
+  // Each backend gets the same cache contents and the same steps (same rng seeds).
+  auto outputs = [&](pagedattn_backend* be, bool threaded, std::vector<std::vector<float>>* got) {
+    pagedattn_kv_cache* c = make_cache(be);
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    fill_cache(c, rng);
+    std::vector<std::unique_ptr<Step>> steps;
+    for (int t = 0; t < kThreads; ++t) {
+      steps.push_back(std::make_unique<Step>());
+      steps.back()->plan(be, c, rng, blocks);
+    }
+    got->assign(2 * kThreads, {});
+    std::vector<int> bad(kThreads, 0);
+    for (int t = 0; t < kThreads; ++t) {  // in a row, then after a pause longer than a short spin
+      for (int rep = 0; rep < 8; ++rep) {
+        if (rep == 4) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        std::fill(steps[t]->out->v.begin(), steps[t]->out->v.end(), std::nanf(""));
+        std::fill(steps[t]->lse->v.begin(), steps[t]->lse->v.end(), std::nanf(""));
+        if (steps[t]->run(be, c, false) != PAGEDATTN_OK) bad[t] |= 1;
+        if (rep > 0 && !same_bytes(steps[t]->out->v, (*got)[t])) bad[t] |= 2;
+        (*got)[t] = steps[t]->out->v;
+      }
+      (*got)[kThreads + t] = steps[t]->lse->v;
+    }
+    if (threaded)
+      together(kThreads, [&](int t) {
+        for (int rep = 0; rep < 4; ++rep) {
+          std::fill(steps[t]->out->v.begin(), steps[t]->out->v.end(), std::nanf(""));
+          if (steps[t]->run(be, c, false) != PAGEDATTN_OK) bad[t] |= 1;
+          if (!same_bytes(steps[t]->out->v, (*got)[t])) bad[t] |= 2;
+        }
+      });
+    for (int t = 0; t < kThreads; ++t)
+      EXPECT_EQ(bad[t], 0) << "thread " << t << ": 1 = error, 2 = out differs between calls";
+    steps.clear();
+    pagedattn_kv_cache_destroy(c);
+  };
+  std::vector<std::vector<float>> ref;
+  {
+    pagedattn_backend* one = make_backend(1);
+    ASSERT_NE(one, nullptr);
+    outputs(one, false, &ref);
+    pagedattn_backend_destroy(one);
+  }
+  for (const char* spin : {"0", "1", "20000"}) {
+    SCOPED_TRACE(std::string("PAGEDATTN_CPU_SPIN_US=") + spin);
+    setenv("PAGEDATTN_CPU_SPIN_US", spin, 1);
+    pagedattn_backend* be = make_backend(3);
+    if (old) setenv("PAGEDATTN_CPU_SPIN_US", saved.c_str(), 1);
+    else unsetenv("PAGEDATTN_CPU_SPIN_US");
+    ASSERT_NE(be, nullptr);
+    std::vector<std::vector<float>> got;
+    outputs(be, true, &got);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_TRUE(same_bytes(got[i], ref[i])) << (i < kThreads ? "out" : "lse") << " of step "
+                                              << i % kThreads << " differs from one thread";
+    pagedattn_backend_destroy(be);
+  }
 }
