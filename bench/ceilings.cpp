@@ -61,38 +61,89 @@ PA_BENCH_WIDE_LOADS static float sum_slice(const float* p, size_t n) {
   return r;
 }
 
-BandwidthResult measure_read_bandwidth(size_t bytes, int threads, int passes) {
-  BandwidthResult res;
+StreamBuffer::~StreamBuffer() { std::free(p); }
+
+bool stream_buffer_init(StreamBuffer* b, size_t bytes, int threads) {
+  std::free(b->p);
+  b->p = nullptr;
   size_t n = bytes / sizeof(float);
   n -= n % (64 * (size_t)threads);
   float* buf = static_cast<float*>(alloc_huge(n * sizeof(float)));
-  if (!buf) return res;
+  if (!buf) return false;
   // First touch by the thread that later reads the slice (pages local to it); random non-zero data.
   parallel(threads, [&](int t) {
     size_t lo = n * t / threads, hi = n * (t + 1) / threads;
     Rng r(77 + t);
     for (size_t i = lo; i < hi; ++i) buf[i] = r.uniform();
   });
-  std::vector<double> rates;
-  volatile float sink = 0;
+  b->p = buf;
+  b->n = n;
+  return true;
+}
+
+double stream_pass(const StreamBuffer& b, int threads) {
+  static volatile float sink = 0;
   std::vector<float> part(threads);
-  for (int p = 0; p < passes; ++p) {
-    double t0 = now_s();
-    parallel(threads, [&](int t) {
-      size_t lo = n * t / threads, hi = n * (t + 1) / threads;
-      part[t] = sum_slice(buf + lo, hi - lo);
-    });
-    double dt = now_s() - t0;
-    for (float x : part) sink = sink + x;
-    rates.push_back((double)(n * sizeof(float)) / dt);
-  }
-  std::free(buf);
+  const size_t n = b.n;
+  double t0 = now_s();
+  parallel(threads, [&](int t) {
+    size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+    part[t] = sum_slice(b.p + lo, hi - lo);
+  });
+  double dt = now_s() - t0;
+  for (float x : part) sink = sink + x;
+  return (double)(n * sizeof(float)) / dt;
+}
+
+BandwidthResult measure_read_bandwidth(size_t bytes, int threads, int passes) {
+  BandwidthResult res;
+  StreamBuffer buf;
+  if (!stream_buffer_init(&buf, bytes, threads)) return res;
+  std::vector<double> rates;
+  for (int p = 0; p < passes; ++p) rates.push_back(stream_pass(buf, threads));
   Stats s = stats_of(rates);
   res.bytes_per_s = s.max;
   res.median_bytes_per_s = s.median;
-  res.buffer_bytes = n * sizeof(float);
+  res.buffer_bytes = buf.n * sizeof(float);
   res.passes = passes;
   return res;
+}
+
+// 12 independent chains of x = x * m + c on 8-float vectors: bound by the arithmetic pipes and
+// their latency, never by memory. Returns a sum so nothing is optimised away.
+PA_BENCH_WIDE_LOADS static float core_chains(long iters) {
+  v8f a[12];
+  for (int j = 0; j < 12; ++j)
+    for (int l = 0; l < 8; ++l) a[j][l] = 0.01f * (float)(j * 8 + l);
+  v8f m, c;
+  for (int l = 0; l < 8; ++l) {
+    m[l] = 0.999f;
+    c[l] = 1e-3f;
+  }
+  for (long i = 0; i < iters; ++i)
+    for (int j = 0; j < 12; ++j) a[j] = a[j] * m + c;
+  v8f s = a[0];
+  for (int j = 1; j < 12; ++j) s += a[j];
+  float r = 0;
+  for (int l = 0; l < 8; ++l) r += s[l];
+  return r;
+}
+
+double measure_core_rate(int threads, long iters) {
+  static volatile float sink = 0;
+  std::vector<float> part(threads);
+  double t0 = now_s();
+  parallel(threads, [&](int t) { part[t] = core_chains(iters); });
+  double dt = now_s() - t0;
+  for (float x : part) sink = sink + x;
+  return 2.0 * 12 * 8 * (double)iters * threads / dt;
+}
+
+long core_iters_for(double seconds) {
+  const long probe = 1 << 20;
+  measure_core_rate(1, probe);  // warm-up
+  double rate = measure_core_rate(1, probe);  // FLOP/s
+  return std::max(probe, (long)(seconds * rate / (2.0 * 12 * 8)));
 }
 
 BandwidthResult measure_paged_read(const PagedLayout& pl, int threads, int passes) {

@@ -22,6 +22,29 @@ struct BandwidthResult {
 // reading its own first-touched slice. Best of `passes` passes.
 BandwidthResult measure_read_bandwidth(size_t bytes, int threads, int passes);
 
+// A buffer for streaming-read passes that outlives one measurement (for alternating thread
+// counts): random non-zero floats, huge-page advised, first touched by `threads` threads.
+struct StreamBuffer {
+  float* p = nullptr;
+  size_t n = 0;  // floats
+  StreamBuffer() = default;
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  ~StreamBuffer();
+};
+// Fills `b` with about `bytes`; false when out of memory.
+bool stream_buffer_init(StreamBuffer* b, size_t bytes, int threads);
+// One streaming read pass over the whole buffer split over `threads` threads: bytes per second.
+double stream_pass(const StreamBuffer& b, int threads);
+
+// Register-only arithmetic: independent multiply-add chains with no memory traffic, `iters`
+// rounds on each of `threads` threads. FLOP/s summed over the threads. Its ratio between thread
+// counts is how much more arithmetic the host gives more threads (clock boost for a lone core,
+// shared physical cores), whatever the memory does.
+double measure_core_rate(int threads, long iters);
+// Rounds of measure_core_rate that take about `seconds` on one thread.
+long core_iters_for(double seconds);
+
 // The decode's own memory pattern with no arithmetic (a reference for scattered blocks, not a
 // bound): every K and V element of each sequence's
 // keys read through its block table (blocks of `block_bytes` at `block_stride_bytes`, the used

@@ -41,6 +41,7 @@ struct Options {
   std::string dtype = "bf16", cache_dtype = "auto", layout = "nhd";
   int threads = 0, iters = 20, warmup = 3, layers = 0;
   int baseline_iters = -1;  // -1: chosen from the estimated cost
+  int scaling = 0;          // rounds of the 1-thread / T-thread comparison (0: none)
   bool json = false, no_ceilings = false, check = true;
   long gemm_size = 2048;
   uint64_t seed = 1;
@@ -66,6 +67,10 @@ void usage() {
       "  --gemm-size N         sgemm ceiling problem N x N x N (2048)\n"
       "  --no-ceilings         skip bandwidth/GEMM measurement (ratios omitted)\n"
       "  --no-check            skip comparing the library's output with the baseline's\n"
+      "  --scaling N           attention modes, --threads T >= 2: N rounds alternating 1 and T\n"
+      "                        threads of the library call, register-only arithmetic, the\n"
+      "                        streaming read and (decode) the plain block read; prints each\n"
+      "                        one's T/1 throughput ratio (median over the rounds)\n"
       "  --seed N              random seed (1)\n"
       "  --json                one JSON record per case on stdout (text goes to stderr)\n");
 }
@@ -112,6 +117,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--gemm-size") o.gemm_size = ival();
     else if (a == "--no-ceilings") o.no_ceilings = true;
     else if (a == "--no-check") o.check = false;
+    else if (a == "--scaling") o.scaling = ival();
     else if (a == "--seed") o.seed = (uint64_t)std::atoll(val().c_str());
     else if (a == "--json") o.json = true;
     else if (a == "-h" || a == "--help") {
@@ -134,6 +140,13 @@ Options parse(int argc, char** argv) {
   if (o.query < 0) o.query = o.mode == "prefill" ? 2048 : o.mode == "mixed" ? 512 : 256;
   if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (o.iters < 1) o.iters = 1;
+  if (o.scaling < 0) o.scaling = 0;
+  if (o.scaling > 0 && (o.threads < 2 || !(o.mode == "decode" || o.mode == "prefill" ||
+                                           o.mode == "mixed"))) {
+    std::fprintf(stderr, "pagedattn-bench: --scaling needs an attention mode and --threads >= 2"
+                 " (%d here)\n", o.threads);
+    std::exit(2);
+  }
   if (o.warmup < 0) o.warmup = 0;
   if (o.batch < 1 || o.heads < 1 || o.kv_heads < 1 || o.head_size < 1 || o.block_size < 1 ||
       o.query < 1 || (o.mode != "prefill" && o.mode != "cache-write" && o.context < 1)) {
@@ -285,9 +298,9 @@ int main(int argc, char** argv) {
   // ---- Ceilings, measured first with the same thread count. ----
   BandwidthResult bw;
   GemmResult gemm, bgemm;
+  size_t bw_bytes = std::max<size_t>(4 * llc, (size_t)1 << 30);
+  bw_bytes = std::min<size_t>(bw_bytes, (size_t)8 << 30);
   if (!o.no_ceilings) {
-    size_t bw_bytes = std::max<size_t>(4 * llc, (size_t)1 << 30);
-    bw_bytes = std::min<size_t>(bw_bytes, (size_t)8 << 30);
     bw = measure_read_bandwidth(bw_bytes, o.threads, 7);
     gemm = measure_sgemm(o.gemm_size, o.gemm_size, o.gemm_size, o.threads, 5);
     bgemm = measure_bf16_matmul(o.gemm_size, o.gemm_size, o.gemm_size, o.threads, 5);
@@ -330,7 +343,7 @@ int main(int argc, char** argv) {
   BandwidthResult paged;
   PagedLayout pl;
   const bool paged_ceiling = !o.no_ceilings && o.mode == "decode";
-  if (paged_ceiling) {
+  if (paged_ceiling || (o.scaling > 0 && o.mode == "decode")) {
     pl.k_layers = kl;
     pl.v_layers = vl;
     pl.tables = c.tables.data();
@@ -346,7 +359,7 @@ int main(int argc, char** argv) {
       pl.run_stride_bytes = (size_t)bs * D * csz;
       pl.slot_bytes = (size_t)D * csz;
     }
-    paged = measure_paged_read(pl, o.threads, 7);
+    if (paged_ceiling) paged = measure_paged_read(pl, o.threads, 7);
   }
 
   std::fprintf(txt, "pagedattn-bench %s | backend %s (%d threads) | H %d Hkv %d D %d | block %d %s"
@@ -409,6 +422,8 @@ int main(int argc, char** argv) {
     if (g2.error.empty() && g2.flops_per_s > gemm.flops_per_s) gemm = g2;
   };
   int64_t tokens_done = c.tokens;
+  // --scaling: per round, T-thread throughput over 1-thread throughput of each measure.
+  std::vector<double> sc_lib, sc_core, sc_stream, sc_paged, sc_t1, sc_tn;
 
   if (attn) {
     pagedattn_batch_desc bdsc;
@@ -513,6 +528,77 @@ int main(int argc, char** argv) {
         }
         max_rel_err = mref > 0 ? mx / mref : mx;
       }
+    }
+    if (o.scaling > 0) {
+      // A 1-thread twin of the backend, its cache (same contents) and batch: the same call at 1
+      // and T threads, in alternation with the machine's own 1/T measures, so each round's
+      // ratios come from the same minutes of this host.
+      pagedattn_backend_options b1o;
+      CHECK(pagedattn_backend_options_init(&b1o));
+      b1o.num_threads = 1;
+      pagedattn_backend* be1 = nullptr;
+      CHECK(pagedattn_backend_create(&be1, o.backend.c_str(), &b1o));
+      pagedattn_kv_cache* cache1 = nullptr;
+      CHECK(pagedattn_kv_cache_create(&cache1, be1, &cd));
+      for (int l = 0; l < L; ++l) {
+        void *k1 = nullptr, *v1 = nullptr;
+        int64_t s1[3];
+        CHECK(pagedattn_kv_cache_get_layer(&k1, &v1, s1, cache1, l));
+        const size_t nb = (size_t)c.num_blocks * strides[0] * csz;
+        std::memcpy(k1, kl[l], nb);
+        std::memcpy(v1, vl[l], nb);
+      }
+      pagedattn_batch* batch1 = nullptr;
+      CHECK(pagedattn_batch_create(&batch1, be1, cache1, nullptr, &bdsc));
+      StreamBuffer sb;
+      if (!stream_buffer_init(&sb, bw_bytes, o.threads)) {
+        std::fprintf(stderr, "pagedattn-bench: no memory for the streaming buffer\n");
+        std::exit(1);
+      }
+      const long citers = core_iters_for(0.05);
+      // ~0.3 s of calls per side at the T-thread speed, the first one untimed.
+      const int ncalls = 1 + std::max(4, (int)std::ceil(0.3 / stats_of(times).median));
+      int layer = 0;
+      auto lib_median = [&](pagedattn_backend* b, pagedattn_batch* bt, pagedattn_kv_cache* ca) {
+        std::vector<double> ts;
+        for (int i = 0; i < ncalls; ++i, ++layer) {
+          double t0 = now_s();
+          CHECK(pagedattn_forward(b, bt, ca, layer % L, &ao, &q.t, &k.t, &v.t, &out.t, nullptr,
+                                  nullptr));
+          if (i > 0) ts.push_back(now_s() - t0);
+        }
+        return stats_of(ts).median;
+      };
+      Progress pr("scaling");
+      for (int r = 0; r < o.scaling; ++r) {
+        // Which thread count goes first alternates, so a drift of the host within a round
+        // favours neither.
+        const int first = r % 2 == 0 ? 1 : o.threads, second = r % 2 == 0 ? o.threads : 1;
+        double lib[2], core[2], strm[2], pg[2] = {0, 0};
+        for (int w = 0; w < 2; ++w) {
+          const int thr = w == 0 ? first : second, i = thr == 1 ? 0 : 1;
+          lib[i] = thr == 1 ? lib_median(be1, batch1, cache1) : lib_median(be, batch, cache);
+          // Each side's median of three, as the library call's is a median.
+          std::vector<double> cr, sr;
+          for (int m = 0; m < 3; ++m) {
+            cr.push_back(measure_core_rate(thr, citers));
+            sr.push_back(stream_pass(sb, thr));
+          }
+          core[i] = stats_of(cr).median;
+          strm[i] = stats_of(sr).median;
+          if (o.mode == "decode") pg[i] = measure_paged_read(pl, thr, 3).median_bytes_per_s;
+        }
+        sc_t1.push_back(lib[0]);
+        sc_tn.push_back(lib[1]);
+        sc_lib.push_back(lib[0] / lib[1]);
+        sc_core.push_back(core[1] / core[0]);
+        sc_stream.push_back(strm[1] / strm[0]);
+        if (pg[0] > 0) sc_paged.push_back(pg[1] / pg[0]);
+        pr.tick(r + 1, o.scaling);
+      }
+      pagedattn_batch_destroy(batch1);
+      pagedattn_kv_cache_destroy(cache1);
+      pagedattn_backend_destroy(be1);
     }
     pagedattn_batch_destroy(batch);
   } else if (o.mode == "cache-write") {
@@ -655,6 +741,23 @@ int main(int argc, char** argv) {
                            : dt == PAGEDATTN_DTYPE_BFLOAT16 ? 2e-2
                            : dt == PAGEDATTN_DTYPE_FLOAT16 ? 2e-3 : 1e-5;
   const bool disagrees = max_rel_err > agree_tol;
+  const Stats s_lib = stats_of(sc_lib), s_core = stats_of(sc_core),
+              s_stream = stats_of(sc_stream), s_paged = stats_of(sc_paged);
+  if (o.scaling > 0) {
+    std::fprintf(txt, "  scaling: %d rounds alternating 1 and %d threads, %d/1 throughput ratio"
+                 " (median [min, max] over the rounds):\n", o.scaling, o.threads, o.threads);
+    std::fprintf(txt, "    library call               %.2fx [%.2f, %.2f]  (%.3f ms at 1 thread,"
+                 " %.3f ms at %d; medians)\n", s_lib.median, s_lib.min, s_lib.max,
+                 stats_of(sc_t1).median * 1e3, stats_of(sc_tn).median * 1e3, o.threads);
+    std::fprintf(txt, "    register-only arithmetic   %.2fx [%.2f, %.2f]  (what the host's cores"
+                 " give %d threads with no memory traffic)\n", s_core.median, s_core.min,
+                 s_core.max, o.threads);
+    std::fprintf(txt, "    streaming read             %.2fx [%.2f, %.2f]\n", s_stream.median,
+                 s_stream.min, s_stream.max);
+    if (s_paged.n > 0)
+      std::fprintf(txt, "    plain read of the blocks   %.2fx [%.2f, %.2f]\n", s_paged.median,
+                   s_paged.min, s_paged.max);
+  }
   if (max_rel_err >= 0)
     std::fprintf(txt, "  agreement with baseline: max|lib-base|/max|base| = %.2e (tolerance %.0e)%s\n",
                  max_rel_err, agree_tol, disagrees ? "  DISAGREES" : "");
@@ -672,14 +775,18 @@ int main(int argc, char** argv) {
         "\"baseline_median_s\":%.9g,\"baseline_iters\":%d,\"speedup\":%.4f,"
         "\"max_rel_diff_vs_baseline\":%.3g,\"llc_bytes\":%zu,\"bw_ratio_best\":%.4f,"
         "\"gemm_ratio_best\":%.4f,\"cpu_share\":%.3f,\"paged_read_bw\":%.6g,"
-        "\"paged_ratio\":%.4f,\"cpu_target\":\"%s\"}\n",
+        "\"paged_ratio\":%.4f,\"cpu_target\":\"%s\",\"scaling_rounds\":%d,"
+        "\"scaling_lib\":%.4f,\"scaling_core\":%.4f,\"scaling_stream\":%.4f,"
+        "\"scaling_paged\":%.4f,\"scaling_t1_median_s\":%.9g,\"scaling_tn_median_s\":%.9g}\n",
         o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs, B,
         o.context, o.query, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt), o.layout.c_str(),
         L, o.iters, o.warmup, med, st.min, st.p25, st.p75, st.max, bytes, bps, flops,
         flop_formula.c_str(), fps, bw.bytes_per_s, gemm.flops_per_s, bgemm.flops_per_s,
         bw_ratio, gemm_ratio, t_bytes, t_flops, tps, bst.median, bst.n, speedup, max_rel_err,
         llc, bw_ratio_best, gemm_ratio_best, cpu_share, paged.bytes_per_s, paged_ratio,
-        getenv("PAGEDATTN_CPU_TARGET") ? getenv("PAGEDATTN_CPU_TARGET") : "default");
+        getenv("PAGEDATTN_CPU_TARGET") ? getenv("PAGEDATTN_CPU_TARGET") : "default", o.scaling,
+        s_lib.median, s_core.median, s_stream.median, s_paged.median, stats_of(sc_t1).median,
+        stats_of(sc_tn).median);
   }
 
   pagedattn_kv_cache_destroy(cache);

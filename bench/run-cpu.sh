@@ -39,6 +39,10 @@ run decode-fp8-avx3dl  --mode decode --batch 16 --context 4096 $common --dtype b
 target=
 run decode-bf16-t1   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 1
 run decode-bf16-t2   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 2
+# The same 1 -> 2 thread step in one process: the call, register-only arithmetic, the streaming
+# read and the plain block read in alternating rounds (what the host gives a second thread).
+run decode-bf16-scaling --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 2 \
+                        --scaling 7 --no-ceilings --baseline-iters 0 --no-check
 run prefill-cpu      --mode prefill --batch 4 --query 2048 $common --dtype bf16 --iters 5 --warmup 1
 run prefill-onednn   --mode prefill --batch 4 --query 2048 $common --dtype bf16 --iters 5 --warmup 1 \
                      --backend onednn --baseline-iters 0 --no-check

@@ -32,6 +32,17 @@ def main(path):
             r["mode"], backend, r["threads"], shape, r["cache_dtype"], r["layout"],
             r["median_s"] * 1e3, r["min_s"] * 1e3, r["max_s"] * 1e3, bw, fl, sp,
             r["tokens_per_s"], 100 * r.get("cpu_share", 0)))
+    for r in rows:
+        if r.get("scaling_rounds", 0) > 0:
+            line = ("\n%s %s %s %s, %d rounds alternating 1 and %d threads, %d/1 throughput: "
+                    "library call %.2fx (%.2f -> %.2f ms), register-only arithmetic %.2fx, "
+                    "streaming read %.2fx") % (
+                r["mode"], r["backend"], r["cache_dtype"], r["layout"], r["scaling_rounds"],
+                r["threads"], r["threads"], r["scaling_lib"], r["scaling_t1_median_s"] * 1e3,
+                r["scaling_tn_median_s"] * 1e3, r["scaling_core"], r["scaling_stream"])
+            if r.get("scaling_paged", 0) > 0:
+                line += ", plain block read %.2fx" % r["scaling_paged"]
+            print(line)
 
 
 if __name__ == "__main__":
