@@ -710,16 +710,24 @@ int main(int argc, char** argv) {
   std::fprintf(txt, "  time: median %.3f ms  [min %.3f, p25 %.3f, p75 %.3f, max %.3f] over %d"
                " iters (%d warm-up)\n", med * 1e3, st.min * 1e3, st.p25 * 1e3, st.p75 * 1e3,
                st.max * 1e3, st.n, o.warmup);
-  std::fprintf(txt, "  floors: bytes/bandwidth %.3f ms, flops/sgemm %.3f ms -> %s-bound;"
-               " median is %.2fx the larger floor\n", t_bytes * 1e3, t_flops * 1e3,
-               t_bytes >= t_flops ? "memory" : "compute",
-               std::max(t_bytes, t_flops) > 0 ? med / std::max(t_bytes, t_flops) : 0.0);
-  std::fprintf(txt, "  bytes: %s per call -> %.2f GB/s = %.1f%% of read bandwidth\n",
-               fmt_bytes(bytes).c_str(), bps / 1e9, 100 * bw_ratio);
+  if (o.no_ceilings) {
+    std::fprintf(txt, "  floors: not measured (--no-ceilings)\n");
+    std::fprintf(txt, "  bytes: %s per call -> %.2f GB/s\n", fmt_bytes(bytes).c_str(), bps / 1e9);
+  } else {
+    std::fprintf(txt, "  floors: bytes/bandwidth %.3f ms, flops/sgemm %.3f ms -> %s-bound;"
+                 " median is %.2fx the larger floor\n", t_bytes * 1e3, t_flops * 1e3,
+                 t_bytes >= t_flops ? "memory" : "compute",
+                 std::max(t_bytes, t_flops) > 0 ? med / std::max(t_bytes, t_flops) : 0.0);
+    std::fprintf(txt, "  bytes: %s per call -> %.2f GB/s = %.1f%% of read bandwidth\n",
+                 fmt_bytes(bytes).c_str(), bps / 1e9, 100 * bw_ratio);
+  }
   const double paged_ratio = paged.bytes_per_s > 0 ? bps / paged.bytes_per_s : 0;
   if (paged.bytes_per_s > 0)
     std::fprintf(txt, "  bytes: %.1f%% of the plain read of the same blocks\n", 100 * paged_ratio);
-  if (flops > 0)
+  if (flops > 0 && o.no_ceilings)
+    std::fprintf(txt, "  flops: %.3g per call (%s) -> %.1f GFLOP/s\n", flops,
+                 flop_formula.c_str(), fps / 1e9);
+  else if (flops > 0)
     std::fprintf(txt, "  flops: %.3g per call (%s) -> %.1f GFLOP/s = %.1f%% of sgemm\n", flops,
                  flop_formula.c_str(), fps / 1e9, 100 * gemm_ratio);
   if (bw.bytes_per_s > 0)
