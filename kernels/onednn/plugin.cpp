@@ -355,7 +355,12 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     if (mq != nullptr && atoi(mq) >= 1) b->min_query = atoi(mq);
     b->eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
     b->bf16 = native_bf16(b->eng);
-    b->pool = new Pool(b->threads);
+    int spin_us = 0;
+    if (!pa_cpu::spin_us_from_env(&spin_us, msg)) {
+      delete b;
+      return PAGEDATTN_ERROR_INVALID_ARGUMENT;
+    }
+    b->pool = new Pool(b->threads, spin_us);
     pagedattn_backend_options inner = *opts;
     inner.num_threads = b->threads;
     const pagedattn_status st = pa_cpu::create_embedded(&b->cpu, &inner, &b->used, msg);

@@ -2,16 +2,36 @@
 
 #include <omp.h>
 
+#include <chrono>
+
 namespace pa_onednn {
 
-Pool::Pool(int threads) {
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Pool::Pool(int threads, int spin_us) : spin_ns_(spin_us > 0 ? int64_t{spin_us} * 1000 : 0) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { loop(i); });
 }
 
 Pool::~Pool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true);
   }
   cv_work_.notify_all();
   for (auto& t : workers_) t.join();
@@ -25,11 +45,26 @@ void Pool::loop(int index) {
   // oneDNN (OpenMP build) would start a team per primitive from this thread otherwise.
   omp_set_num_threads(1);
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_work_.wait(lock, [&] { return stop_ || gen_ != seen; });
-    if (stop_) return;
-    seen = gen_;
+    auto ready = [&] {
+      return stop_.load(std::memory_order_relaxed) ||
+             gen_.load(std::memory_order_acquire) != seen;
+    };
+    if (!ready() && spin_ns_ > 0) {
+      const int64_t end = now_ns() + spin_ns_;
+      for (bool on = true; on && !ready();) {
+        for (int i = 0; i < 64 && !ready(); ++i) cpu_relax();
+        on = now_ns() < end;
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!ready()) {
+      ++sleepers_;
+      cv_work_.wait(lock, ready);
+      --sleepers_;
+    }
+    if (stop_.load()) return;
+    seen = gen_.load();
     if (job_ == nullptr) continue;  // woke after that job finished
     ++active_;
     lock.unlock();
@@ -45,14 +80,18 @@ void Pool::run(int64_t total, const std::function<void(int, int64_t)>& fn) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
   const bool fan_out = !workers_.empty() && total > 1;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;
     total_ = total;
     next_.store(0);
-    if (fan_out) ++gen_;
+    if (fan_out) {
+      gen_.fetch_add(1, std::memory_order_release);
+      wake = sleepers_ > 0;
+    }
   }
-  if (fan_out) cv_work_.notify_all();
+  if (wake) cv_work_.notify_all();
   drain(0);
   {
     // Items are all taken; wait only for workers still running one.

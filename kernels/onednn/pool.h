@@ -1,6 +1,8 @@
 /* kernels/onednn/pool.h — the plugin's worker threads. The caller takes part, and a call returns
  * as soon as every item is done: a worker that wakes late (a busy machine) finds nothing left and
- * is not waited for, unlike an OpenMP barrier. Workers run oneDNN primitives single-threaded. */
+ * is not waited for, unlike an OpenMP barrier. Workers run oneDNN primitives single-threaded.
+ * Between calls a worker spins spin_us microseconds before it sleeps (PAGEDATTN_CPU_SPIN_US, as
+ * the cpu backend's pool), so calls in a row find it awake instead of finishing without it. */
 #ifndef PAGEDATTN_KERNELS_ONEDNN_POOL_H
 #define PAGEDATTN_KERNELS_ONEDNN_POOL_H
 
@@ -16,7 +18,7 @@ namespace pa_onednn {
 
 class Pool {
  public:
-  explicit Pool(int threads);  // threads - 1 workers; the caller is worker 0
+  Pool(int threads, int spin_us);  // threads - 1 workers; the caller is worker 0
   ~Pool();
   Pool(const Pool&) = delete;
   Pool& operator=(const Pool&) = delete;
@@ -32,9 +34,11 @@ class Pool {
   std::mutex mu_;
   std::condition_variable cv_work_, cv_done_;
   const std::function<void(int, int64_t)>* job_ = nullptr;
-  uint64_t gen_ = 0;
+  std::atomic<uint64_t> gen_{0};  // written under mu_; read without it while spinning
   int active_ = 0;     // workers inside the current job
-  bool stop_ = false;
+  int sleepers_ = 0;   // workers blocked on cv_work_
+  std::atomic<bool> stop_{false};
+  int64_t spin_ns_ = 0;
   int64_t total_ = 0;
   std::atomic<int64_t> next_{0};
   std::vector<std::thread> workers_;

@@ -495,9 +495,8 @@ pagedattn_status create_with(void** state, const pagedattn_backend_options* opts
     // Forces the SIMD target of this backend only (see kernels/cpu/targets.cpp).
     if (!target_select(getenv("PAGEDATTN_CPU_TARGET"), &target, msg))
       return PAGEDATTN_ERROR_UNSUPPORTED;
-    int spin_us = kDefaultSpinUs;
-    if (!spin_select(getenv("PAGEDATTN_CPU_SPIN_US"), &spin_us, msg))
-      return PAGEDATTN_ERROR_INVALID_ARGUMENT;
+    int spin_us = 0;
+    if (!spin_us_from_env(&spin_us, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     int n = opts->num_threads;
     if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
     if (n <= 0) n = 1;
@@ -695,6 +694,11 @@ const pa_backend_ops kOps = {
 pagedattn_status create_embedded(void** state, const pagedattn_backend_options* opts,
                                  std::atomic<uint64_t>* shared_used, char* msg) {
   return create_with(state, opts, shared_used, msg);
+}
+
+bool spin_us_from_env(int* us, char* msg) {
+  *us = kDefaultSpinUs;
+  return spin_select(getenv("PAGEDATTN_CPU_SPIN_US"), us, msg);
 }
 
 }  // namespace pa_cpu

@@ -118,12 +118,13 @@ struct Step {
   std::unique_ptr<F32> q, k, v, out, lse;
 
   // blocks: the ids this step may use (shared read-only, or its own for writes).
+  // max_q: the longest query of a prefill sequence.
   void plan(pagedattn_backend* be, pagedattn_kv_cache* c, std::mt19937& rng,
-            const std::vector<int32_t>& blocks) {
+            const std::vector<int32_t>& blocks, int32_t max_q = 9) {
     const int32_t n = 1 + static_cast<int32_t>(rng() % 3);
     width = static_cast<int32_t>(blocks.size()) / n;
     for (int32_t i = 0; i < n; ++i) {
-      const int32_t q = rng() % 2 ? 1 : 1 + static_cast<int32_t>(rng() % 9);
+      const int32_t q = rng() % 2 ? 1 : 1 + static_cast<int32_t>(rng() % max_q);
       const int32_t maxctx = width * kBs - q;
       qlens.push_back(q);
       clens.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(maxctx + 1)));
@@ -485,7 +486,8 @@ TEST(Concurrency, MergeStatesFromManyThreads) {
 // no spin (every call wakes sleeping workers), a 1 us spin (calls find them in either state) and
 // a long one (always awake), calls in a row, calls after a pause and calls from several threads
 // give the bytes of a one-thread backend (no pool). These shapes stay under split-KV's 512 keys,
-// so every pool size runs the same items.
+// so every pool size runs the same items; queries up to 40 tokens also take onednn's own pool
+// (chunks of 16 and more).
 TEST(Concurrency, PoolSpinSettings) {
   const uint64_t seed = pat::test_seed();
   SCOPED_TRACE(pat::seed_note(seed));
@@ -504,7 +506,7 @@ TEST(Concurrency, PoolSpinSettings) {
     std::vector<std::unique_ptr<Step>> steps;
     for (int t = 0; t < kThreads; ++t) {
       steps.push_back(std::make_unique<Step>());
-      steps.back()->plan(be, c, rng, blocks);
+      steps.back()->plan(be, c, rng, blocks, 40);
     }
     got->assign(2 * kThreads, {});
     std::vector<int> bad(kThreads, 0);
