@@ -2,27 +2,9 @@
 
 #include <omp.h>
 
-#include <chrono>
+#include "cpu/spin.h"
 
 namespace pa_onednn {
-
-namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 Pool::Pool(int threads, int spin_us) : spin_ns_(spin_us > 0 ? int64_t{spin_us} * 1000 : 0) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { loop(i); });
@@ -50,13 +32,7 @@ void Pool::loop(int index) {
       return stop_.load(std::memory_order_relaxed) ||
              gen_.load(std::memory_order_acquire) != seen;
     };
-    if (!ready() && spin_ns_ > 0) {
-      const int64_t end = now_ns() + spin_ns_;
-      for (bool on = true; on && !ready();) {
-        for (int i = 0; i < 64 && !ready(); ++i) cpu_relax();
-        on = now_ns() < end;
-      }
-    }
+    pa_cpu::spin_until(spin_ns_, ready);
     std::unique_lock<std::mutex> lock(mu_);
     if (!ready()) {
       ++sleepers_;

@@ -1,42 +1,9 @@
 // lib/cpu/thread_pool.cpp — see thread_pool.h.
 #include "thread_pool.h"
 
-#include <chrono>
+#include "spin.h"
 
 namespace pa_cpu {
-
-namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Spins until done() or spin_ns have passed; true if done(). The clock is read every 64 pauses.
-template <class Done>
-bool spin_until(int64_t spin_ns, const Done& done) {
-  if (done()) return true;
-  if (spin_ns <= 0) return false;
-  const int64_t end = now_ns() + spin_ns;
-  for (;;) {
-    for (int i = 0; i < 64; ++i) {
-      cpu_relax();
-      if (done()) return true;
-    }
-    if (now_ns() >= end) return done();
-  }
-}
-
-}  // namespace
 
 ThreadPool::ThreadPool(int size, int spin_us)
     : size_(size < 1 ? 1 : size), spin_ns_(spin_us > 0 ? int64_t{spin_us} * 1000 : 0) {
