@@ -1466,18 +1466,25 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
       }
     }
   } else {
+    // Two keys per load of q (KB is even), half the q loads; the same sums in the same order.
+    // In cache 1.5-2% faster than one key per load (b1 x 2048, one thread).
     for (int i = 0; i < D; i += 64) {
-      HWY_UNROLL(16)
-      for (int b = 0; b < KB; ++b) {
-        __m512i w0, w1;
+      HWY_UNROLL(8)
+      for (int b = 0; b < KB; b += 2) {
+        __m512i w0, w1, w2, w3;
         fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k + b]) + off + i), w0, w1);
+        fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k + b + 1]) + off + i), w2,
+                 w3);
         HWY_UNROLL(4)
         for (int r = 0; r < R; ++r) {
-          __m512& acc = a[dp_slot(R, r, b)];
-          acc = _mm512_dpbf16_ps(acc, (__m512bh)w0,
-                                 (__m512bh)_mm512_load_si512(q16 + r * D + i));
-          acc = _mm512_dpbf16_ps(acc, (__m512bh)w1,
-                                 (__m512bh)_mm512_load_si512(q16 + r * D + i + 32));
+          const __m512i q0 = _mm512_load_si512(q16 + r * D + i);
+          const __m512i q1 = _mm512_load_si512(q16 + r * D + i + 32);
+          __m512& a0 = a[dp_slot(R, r, b)];
+          __m512& a1 = a[dp_slot(R, r, b + 1)];
+          a0 = _mm512_dpbf16_ps(a0, (__m512bh)w0, (__m512bh)q0);
+          a1 = _mm512_dpbf16_ps(a1, (__m512bh)w2, (__m512bh)q0);
+          a0 = _mm512_dpbf16_ps(a0, (__m512bh)w1, (__m512bh)q1);
+          a1 = _mm512_dpbf16_ps(a1, (__m512bh)w3, (__m512bh)q1);
         }
       }
     }
