@@ -1440,6 +1440,12 @@ struct PfStream {
   }
 };
 
+// Row p of a tile as T elements, off bytes on (a later head's part of an NHD slot row).
+template <class T>
+HWY_INLINE const T* row_at(const void* p, int64_t off) {
+  return reinterpret_cast<const T*>(static_cast<const char*>(p) + off);
+}
+
 // Scores of R rows (q16 at stride D words) against 16/R keys from kp[k]: s[r][k + b] = q . k.
 // Each key row is read at kp[k + b] + off bytes (off: the head's offset in a slot row).
 template <int DT, int R>
@@ -1456,8 +1462,7 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
       for (int r = 0; r < R; ++r) qv[r] = _mm512_load_si512(q16 + r * D + i);
       HWY_UNROLL(16)
       for (int b = 0; b < KB; ++b) {
-        const __m512i kv = _mm512_loadu_si512(
-            reinterpret_cast<const uint16_t*>(static_cast<const char*>(kp[k + b]) + off) + i);
+        const __m512i kv = _mm512_loadu_si512(row_at<uint16_t>(kp[k + b], off) + i);
         HWY_UNROLL(4)
         for (int r = 0; r < R; ++r) {
           __m512& acc = a[dp_slot(R, r, b)];
@@ -1472,9 +1477,8 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
       HWY_UNROLL(8)
       for (int b = 0; b < KB; b += 2) {
         __m512i w0, w1, w2, w3;
-        fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k + b]) + off + i), w0, w1);
-        fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k + b + 1]) + off + i), w2,
-                 w3);
+        fp8_bf16(L, _mm512_loadu_si512(row_at<uint8_t>(kp[k + b], off) + i), w0, w1);
+        fp8_bf16(L, _mm512_loadu_si512(row_at<uint8_t>(kp[k + b + 1], off) + i), w2, w3);
         HWY_UNROLL(4)
         for (int r = 0; r < R; ++r) {
           const __m512i q0 = _mm512_load_si512(q16 + r * D + i);
@@ -1525,10 +1529,8 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
     pf->step();
     __m512i w[NV];
     if constexpr (!dp_fp8(DT)) {
-      const uint16_t* v0 =
-          reinterpret_cast<const uint16_t*>(static_cast<const char*>(vp[k]) + off) + g;
-      const uint16_t* v1 =
-          reinterpret_cast<const uint16_t*>(static_cast<const char*>(vp[k + 1]) + off) + g;
+      const uint16_t* v0 = row_at<uint16_t>(vp[k], off) + g;
+      const uint16_t* v1 = row_at<uint16_t>(vp[k + 1], off) + g;
       HWY_UNROLL(2)
       for (int c = 0; c < NV / 2; ++c) {
         const __m512i x0 = _mm512_loadu_si512(v0 + 32 * c), x1 = _mm512_loadu_si512(v1 + 32 * c);
@@ -1537,8 +1539,8 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
       }
     } else {
       static_assert(!dp_fp8(DT) || NV == 4, "fp8 groups are 64 dims");
-      const __m512i x0 = _mm512_loadu_si512(static_cast<const uint8_t*>(vp[k]) + off + g);
-      const __m512i x1 = _mm512_loadu_si512(static_cast<const uint8_t*>(vp[k + 1]) + off + g);
+      const __m512i x0 = _mm512_loadu_si512(row_at<uint8_t>(vp[k], off) + g);
+      const __m512i x1 = _mm512_loadu_si512(row_at<uint8_t>(vp[k + 1], off) + g);
       fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w[0], w[1]);
       fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w[2], w[3]);
     }
