@@ -473,8 +473,11 @@ pagedattn_status probe(int32_t device_index, char* msg) {
 // gap between back-to-back calls (one per layer), and is what an idle backend burns after a call.
 constexpr int kDefaultSpinUs = 100;
 
-// PAGEDATTN_CPU_SPIN_US: unset keeps *us; otherwise a whole number 0..1000000.
-bool spin_select(const char* env, int* us, char* msg) {
+}  // namespace
+
+bool spin_us_from_env(int* us, char* msg) {
+  *us = kDefaultSpinUs;
+  const char* env = getenv("PAGEDATTN_CPU_SPIN_US");
   if (env == nullptr) return true;
   char* end = nullptr;
   errno = 0;
@@ -487,6 +490,8 @@ bool spin_select(const char* env, int* us, char* msg) {
   *us = static_cast<int>(v);
   return true;
 }
+
+namespace {
 
 pagedattn_status create_with(void** state, const pagedattn_backend_options* opts,
                              std::atomic<uint64_t>* shared_used, char* msg) {
@@ -694,11 +699,6 @@ const pa_backend_ops kOps = {
 pagedattn_status create_embedded(void** state, const pagedattn_backend_options* opts,
                                  std::atomic<uint64_t>* shared_used, char* msg) {
   return create_with(state, opts, shared_used, msg);
-}
-
-bool spin_us_from_env(int* us, char* msg) {
-  *us = kDefaultSpinUs;
-  return spin_select(getenv("PAGEDATTN_CPU_SPIN_US"), us, msg);
 }
 
 }  // namespace pa_cpu
