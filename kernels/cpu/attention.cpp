@@ -1625,10 +1625,13 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   const int ntok = it.tok1 - it.tok0;
   const int rows = nh * ntok;
   // Several KV heads (decode, contiguous heads: kv_heads > 1) run tile by tile together, so one
-  // item reads whole slot rows of the cache; each head has G rows (G % 4 == 0 or G <= 2 then).
+  // item reads whole slot rows of the cache; each head has G rows.
   const int kvn = it.kv_heads > 1 ? it.kv_heads : 1;
   const int G = rows / kvn;
-  const int G_s = G % 4 == 3 ? G + 1 : G;  // a last group of 3 rows is scored as 4 (kvn == 1)
+  // A head's rows are scored 4 at a time, then 2, then 1. A one-head item scores a last group of
+  // 3 as 4 with a zero row; in a multi-head item the next row is the next head's, so 2 and 1 (in
+  // cache as fast as the padded 4 on one-head items).
+  const int G_s = kvn == 1 && G % 4 == 3 ? G + 1 : G;
   const int rows_s = rows - G + G_s;
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t esz = elem_size(it.kv.dtype);
@@ -1724,7 +1727,10 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
         pf.rows(r, next_n, row_bytes);
     };
     stream(ptrs[cur ^ 1][0]);
-    pf.plan(static_cast<int64_t>(kvn) * ((G_s + 3) / 4) * (nk16 / 4));
+    // pf.step() calls of one head's scores: one per score block of 16 / R keys.
+    const int64_t score_steps =
+        (G_s / 4) * (nk16 / 4) + (G_s % 4 >= 2 ? nk16 / 8 : 0) + (G_s % 2 ? nk16 / 16 : 0);
+    pf.plan(static_cast<int64_t>(kvn) * score_steps);
     for (int h = 0; h < kvn; ++h) {
       const void* const* kh = by_offset ? kptr : head_rows(kptr, h, nk16);
       const int64_t off = by_offset ? h * head_bytes : 0;
@@ -1732,9 +1738,11 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
       const int r_end = h * G + G_s;
       for (; r + 4 <= r_end; r += 4)
         dp_score_rows<DT, 4>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
-      if (r_end - r == 2)
+      if (r_end - r >= 2) {
         dp_score_rows<DT, 2>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
-      else if (r_end - r == 1)
+        r += 2;
+      }
+      if (r_end - r == 1)
         dp_score_rows<DT, 1>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
     }
     pf.flush();

@@ -183,7 +183,6 @@ Shape shape_of(const Backend* b, const pa_forward_args& a) {
                    a.cache->slot_stride == static_cast<int64_t>(a.num_kv_heads) * a.head_size;
   const bool all_heads_fit = static_cast<int64_t>(a.num_kv_heads) * s.group <= kMaxRows;
   if (a.num_kv_heads > 1 && a.cache != nullptr && s.group <= kMaxRows &&
-      (s.group % 4 == 0 || s.group <= 2) &&
       (a.attention_type == PAGEDATTN_ATTENTION_DECODER ||
        a.attention_type == PAGEDATTN_ATTENTION_CROSS) &&
       (nhd || all_heads_fit)) {
