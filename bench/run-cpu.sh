@@ -37,6 +37,11 @@ run decode-bf16-avx3dl --mode decode --batch 16 --context 4096 $common --dtype b
 run decode-fp8-avx3dl  --mode decode --batch 16 --context 4096 $common --dtype bf16 \
                        --cache-dtype fp8_e4m3 --baseline-iters 0
 target=
+# GQA groups that are not a multiple of 4 (24/8: Llama 3.2 3B; 40/8: Qwen2.5 14B).
+run decode-bf16-24x8 --mode decode --batch 16 --context 4096 --heads 24 --kv-heads 8 --head-size 128 \
+                     --block-size 16 --dtype bf16
+run decode-bf16-40x8 --mode decode --batch 16 --context 4096 --heads 40 --kv-heads 8 --head-size 128 \
+                     --block-size 16 --dtype bf16 --baseline-iters 0
 run decode-bf16-t1   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 1
 run decode-bf16-t2   --mode decode --batch 16 --context 4096 $common --dtype bf16 --threads 2
 # The same 1 -> 2 thread step in one process: the call, register-only arithmetic, the streaming
@@ -52,6 +57,8 @@ run mixed-cpu        --mode mixed --batch 16 --context 4096 --query 512 $common 
 run mixed-onednn     --mode mixed --batch 16 --context 4096 --query 512 $common --dtype bf16 --iters 10 \
                      --backend onednn --baseline-iters 0 --no-check
 run cache-write      --mode cache-write --batch 16 --query 256 $common --dtype bf16
+run cache-write-fp8  --mode cache-write --batch 16 --query 256 $common --dtype bf16 \
+                     --cache-dtype fp8_e4m3
 run copy-blocks      --mode copy-blocks --batch 16 --context 4096 $common --dtype bf16
 # Where onednn overtakes cpu (the rule for `auto`): prefill of growing length, both backends.
 for q in 8 16 32 64 128 512; do

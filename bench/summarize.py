@@ -9,9 +9,9 @@ import sys
 
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
-    print("| mode | backend | thr | B x ctx / q | cache | layout | median ms [min, max] "
+    print("| mode | backend | thr | heads / kv | B x ctx / q | cache | layout | median ms [min, max] "
           "| GB/s (% bw, % plain block read) | GFLOP/s (% sgemm) | vs naive | tokens/s | cpu share |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         q = 1 if r["mode"] == "decode" else r["query"]
         shape = "%d x %d / %d" % (r["batch"], r["context"], q)
@@ -28,8 +28,8 @@ def main(path):
         backend = r["backend"]
         if r.get("cpu_target", "default") != "default":
             backend += " (%s)" % r["cpu_target"]
-        print("| %s | %s | %d | %s | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %.0f | %.0f%% |" % (
-            r["mode"], backend, r["threads"], shape, r["cache_dtype"], r["layout"],
+        print("| %s | %s | %d | %d / %d | %s | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %.0f | %.0f%% |" % (
+            r["mode"], backend, r["threads"], r["heads"], r["kv_heads"], shape, r["cache_dtype"], r["layout"],
             r["median_s"] * 1e3, r["min_s"] * 1e3, r["max_s"] * 1e3, bw, fl, sp,
             r["tokens_per_s"], 100 * r.get("cpu_share", 0)))
     for r in rows:

@@ -258,6 +258,100 @@ HWY_INLINE void load_row(const void* src, pagedattn_dtype dt, float scale, float
   for (; i < n; ++i) dst[i] = load_elem(src, i, dt, scale);
 }
 
+// ---- Cache stores (reshape-and-cache): float32 to the cache dtype, bit for bit store_elem ----
+
+// fp8 codes (E exponent, M mantissa bits) of x in int32 lanes, as f32_to_fp8<E, M> (convert.h):
+// nearest even, magnitudes past the largest finite one saturate to max_code, NaN gives nan_code.
+template <int E, int M>
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> fp8_codes(hn::Vec<DF> x, int max_code, int nan_code) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const hn::RebindToUnsigned<DF> du;
+  constexpr int kBias = (1 << (E - 1)) - 1;
+  constexpr int kEmin = 1 - kBias;
+  constexpr int kShift = 23 - M;
+  const auto u = hn::BitCast(du, x);
+  const auto sign = hn::BitCast(di, hn::And(hn::ShiftRight<24>(u), hn::Set(du, 0x80u)));
+  const auto a = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+  const auto ai = hn::BitCast(di, a);  // >= 0, so signed compares order it
+  // Below the smallest normal 2^kEmin: a count of 2^(kEmin - M) steps (up to 2^M, which is the
+  // smallest normal's code), nearest even in the default rounding mode, as nearbyint.
+  const auto sub =
+      hn::NearestInt(hn::Mul(hn::BitCast(d, a), hn::Set(d, static_cast<float>(1 << (M - kEmin)))));
+  // Normal: drop kShift mantissa bits, nearest even (a carry moves up the exponent), rebias.
+  const auto odd = hn::And(hn::ShiftRight<kShift>(a), hn::Set(du, 1u));
+  const auto r = hn::ShiftRight<kShift>(hn::Add(hn::Add(a, hn::Set(du, (1u << (kShift - 1)) - 1u)), odd));
+  const auto code = hn::Sub(hn::BitCast(di, r), hn::Set(di, (127 - kBias) << M));
+  const auto vmax = hn::Set(di, max_code);
+  auto c = hn::IfThenElse(hn::Gt(code, vmax), vmax, code);
+  c = hn::IfThenElse(hn::Lt(ai, hn::Set(di, 0x7F800000)), c, vmax);  // inf (NaN is set below)
+  c = hn::IfThenElse(hn::Lt(ai, hn::Set(di, (127 + kEmin) << 23)), sub, c);
+  c = hn::IfThenElse(hn::Gt(ai, hn::Set(di, 0x7F800000)), hn::Set(di, nan_code), c);
+  return hn::Or(c, sign);
+}
+
+// bf16 bits of x in int32 lanes, as f32_to_bf16: nearest even; NaN stays NaN, quieted.
+HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> bf16_codes(hn::Vec<DF> x) {
+  const hn::RebindToSigned<DF> di;
+  const hn::RebindToUnsigned<DF> du;
+  const auto u = hn::BitCast(du, x);
+  const auto hi = hn::ShiftRight<16>(u);
+  const auto rounded =
+      hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7FFFu), hn::And(hi, hn::Set(du, 1u)))));
+  const auto nan = hn::Gt(hn::BitCast(di, hn::And(u, hn::Set(du, 0x7FFFFFFFu))),
+                          hn::Set(di, 0x7F800000));
+  return hn::BitCast(di, hn::IfThenElse(hn::RebindMask(du, nan), hn::Or(hi, hn::Set(du, 0x40u)),
+                                        rounded));
+}
+
+// n elements of src (dtype sdt) stored as dtype ddt at dst, fp8 as x / scale: what store_elem
+// gives for each (load_elem of src first), vectorised where the destination is bf16, float32 or
+// fp8. n <= kMaxHeadSize.
+HWY_INLINE void store_row(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dtype sdt,
+                          int n, float scale) {
+  if (ddt == sdt) {
+    memcpy(dst, src, static_cast<size_t>(n) * elem_size(sdt));
+    return;
+  }
+  const DF d;
+  const int N = static_cast<int>(hn::Lanes(d));
+  HWY_ALIGN float tmp[kMaxHeadSize];
+  load_row(src, sdt, 1.0f, tmp, n);
+  int i = 0;
+  switch (ddt) {
+    case PAGEDATTN_DTYPE_FLOAT32:
+      memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(n));
+      return;
+    case PAGEDATTN_DTYPE_BFLOAT16: {
+      const hn::Rebind<uint16_t, DF> d16;
+      uint16_t* o = static_cast<uint16_t*>(dst);
+      for (; i + N <= n; i += N) hn::StoreU(hn::DemoteTo(d16, bf16_codes(hn::Load(d, tmp + i))), d16, o + i);
+      break;
+    }
+    case PAGEDATTN_DTYPE_FP8_E4M3:
+    case PAGEDATTN_DTYPE_FP8_E5M2: {
+      const hn::Rebind<uint8_t, DF> d8;
+      uint8_t* o = static_cast<uint8_t*>(dst);
+      const auto vs = hn::Set(d, scale);
+      for (; i + N <= n; i += N) {
+        const auto x = hn::Div(hn::Load(d, tmp + i), vs);
+        const auto c = ddt == PAGEDATTN_DTYPE_FP8_E4M3 ? fp8_codes<4, 3>(x, 0x7E, 0x7F)
+                                                       : fp8_codes<5, 2>(x, 0x7B, 0x7F);
+        hn::StoreU(hn::DemoteTo(d8, c), d8, o + i);
+      }
+      break;
+    }
+    default:  // float16: scalar (Highway's software f16 rounding is not store_elem's everywhere)
+      break;
+  }
+  for (; i < n; ++i) store_elem(dst, i, ddt, tmp[i], scale);
+}
+
+void StoreRow(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dtype sdt, int n,
+              float scale) {
+  store_row(dst, ddt, src, sdt, n, scale);
+}
+
 // Prefetches the K and V rows of key `pos`: paged rows are scattered (shuffled blocks, strided
 // heads), which the hardware prefetchers do not follow.
 HWY_INLINE void prefetch_key(const AttnItem& it, int64_t pos) {
@@ -2171,6 +2265,12 @@ namespace pa_cpu {
 HWY_EXPORT(AttentionItem);
 HWY_EXPORT(MultiHeadDecodeOk);
 HWY_EXPORT(ConvertForTest);
+HWY_EXPORT(StoreRow);
+
+void store_row(uint32_t target_index, void* dst, pagedattn_dtype ddt, const void* src,
+               pagedattn_dtype sdt, int n, float scale) {
+  HWY_DISPATCH_TABLE(StoreRow)[target_index](dst, ddt, src, sdt, n, scale);
+}
 
 void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const void* src,
                       float* dst, int n) {
