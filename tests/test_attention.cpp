@@ -151,15 +151,19 @@ TEST_F(Attention, DecodeEveryGqaGroupSize) {
   // bf16 queries over bf16 or fp8 caches: where the CPU has bf16 dot products, one decode item
   // takes several KV heads of a sequence, each with its group of query heads scored 4, 2 and 1
   // rows at a time. Group sizes 1..9, 12 and 16; 2, 3 and 8 KV heads (8 x 9 rows are more than
-  // one item takes, so those items split the heads unevenly); both layouts.
+  // one item takes, so those items split the heads unevenly); both layouts; head sizes that end
+  // inside a chunk of the dot products (read masked), some over a wrapped cache whose stride
+  // padding is NaN.
   const int groups[] = {3, 5, 6, 7, 9, 1, 2, 4, 8, 12, 16, 3, 5, 7};
-  run(42, [&](std::mt19937_64& rng, int i) {
+  const int head_sizes[] = {64, 128, 96, 80, 112, 40, 8, 200, 72, 256, 120};
+  run(44, [&](std::mt19937_64& rng, int i) {
     AttnCase c = base(rng);
     c.dtype = PAGEDATTN_DTYPE_BFLOAT16;
     c.Hkv = i % 3 == 0 ? 2 : (i % 3 == 1 ? 3 : 8);
     c.H = c.Hkv * groups[i % 14];
-    c.D = i % 4 == 2 ? 96 : (i % 2 ? 128 : 64);
+    c.D = head_sizes[i % 11];
     c.layout = (i / 14) % 2 ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
+    c.wrap_cache = i % 5 == 2;
     if (i % 4 == 1) {
       c.cache_dtype = i % 8 == 1 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_FP8_E5M2;
       c.k_scale = 0.5f + static_cast<float>(rng() % 4);

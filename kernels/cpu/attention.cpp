@@ -1540,53 +1540,69 @@ HWY_INLINE const T* row_at(const void* p, int64_t off) {
   return reinterpret_cast<const T*>(static_cast<const char*>(p) + off);
 }
 
-// Scores of R rows (q16 at stride D words) against 16/R keys from kp[k]: s[r][k + b] = q . k.
-// Each key row is read at kp[k + b] + off bytes (off: the head's offset in a slot row).
-template <int DT, int R>
-PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int D,
-                                          const void* const* kp, int k, float* HWY_RESTRICT s,
-                                          const Fp8Lut& L, int64_t off) {
+// One chunk of dims [i, i + C) (C = 32 bf16, 64 fp8) of the scores of R rows (q16 at stride Dq
+// words) against 16/R keys from kp[k], into the 16 accumulators a (lanes as dp_slot). Each key
+// row is read at kp[k + b] + off bytes (off: the head's offset in a slot row). Masked: the head
+// ends inside the chunk; only its first n dims are loaded (q16 is zero past the head).
+template <int DT, int R, bool Masked>
+PA_DP_ATTR HWY_INLINE void dp_score_chunk(const uint16_t* HWY_RESTRICT q16, int Dq,
+                                          const void* const* kp, int k, int i, int n,
+                                          const Fp8Lut& L, int64_t off, __m512* a) {
   constexpr int KB = 16 / R;
-  __m512 a[16];
-  for (int i = 0; i < 16; ++i) a[i] = _mm512_setzero_ps();
   if constexpr (!dp_fp8(DT)) {
-    for (int i = 0; i < D; i += 32) {
-      __m512i qv[R];
+    const __mmask32 mask = Masked ? static_cast<__mmask32>((1u << n) - 1u) : 0;
+    __m512i qv[R];
+    HWY_UNROLL(4)
+    for (int r = 0; r < R; ++r) qv[r] = _mm512_load_si512(q16 + r * Dq + i);
+    HWY_UNROLL(16)
+    for (int b = 0; b < KB; ++b) {
+      const uint16_t* kr = row_at<uint16_t>(kp[k + b], off) + i;
+      const __m512i kv = Masked ? _mm512_maskz_loadu_epi16(mask, kr) : _mm512_loadu_si512(kr);
       HWY_UNROLL(4)
-      for (int r = 0; r < R; ++r) qv[r] = _mm512_load_si512(q16 + r * D + i);
-      HWY_UNROLL(16)
-      for (int b = 0; b < KB; ++b) {
-        const __m512i kv = _mm512_loadu_si512(row_at<uint16_t>(kp[k + b], off) + i);
-        HWY_UNROLL(4)
-        for (int r = 0; r < R; ++r) {
-          __m512& acc = a[dp_slot(R, r, b)];
-          acc = _mm512_dpbf16_ps(acc, (__m512bh)qv[r], (__m512bh)kv);
-        }
+      for (int r = 0; r < R; ++r) {
+        __m512& acc = a[dp_slot(R, r, b)];
+        acc = _mm512_dpbf16_ps(acc, (__m512bh)qv[r], (__m512bh)kv);
       }
     }
   } else {
     // Two keys per load of q (KB is even), half the q loads; the same sums in the same order.
     // In cache 1.5-2% faster than one key per load (b1 x 2048, one thread).
-    for (int i = 0; i < D; i += 64) {
-      HWY_UNROLL(8)
-      for (int b = 0; b < KB; b += 2) {
-        __m512i w0, w1, w2, w3;
-        fp8_bf16(L, _mm512_loadu_si512(row_at<uint8_t>(kp[k + b], off) + i), w0, w1);
-        fp8_bf16(L, _mm512_loadu_si512(row_at<uint8_t>(kp[k + b + 1], off) + i), w2, w3);
-        HWY_UNROLL(4)
-        for (int r = 0; r < R; ++r) {
-          const __m512i q0 = _mm512_load_si512(q16 + r * D + i);
-          const __m512i q1 = _mm512_load_si512(q16 + r * D + i + 32);
-          __m512& a0 = a[dp_slot(R, r, b)];
-          __m512& a1 = a[dp_slot(R, r, b + 1)];
-          a0 = _mm512_dpbf16_ps(a0, (__m512bh)w0, (__m512bh)q0);
-          a1 = _mm512_dpbf16_ps(a1, (__m512bh)w2, (__m512bh)q0);
-          a0 = _mm512_dpbf16_ps(a0, (__m512bh)w1, (__m512bh)q1);
-          a1 = _mm512_dpbf16_ps(a1, (__m512bh)w3, (__m512bh)q1);
-        }
+    const __mmask64 mask = Masked ? static_cast<__mmask64>((1ull << n) - 1ull) : 0;
+    HWY_UNROLL(8)
+    for (int b = 0; b < KB; b += 2) {
+      const uint8_t* k0 = row_at<uint8_t>(kp[k + b], off) + i;
+      const uint8_t* k1 = row_at<uint8_t>(kp[k + b + 1], off) + i;
+      __m512i w0, w1, w2, w3;
+      fp8_bf16(L, Masked ? _mm512_maskz_loadu_epi8(mask, k0) : _mm512_loadu_si512(k0), w0, w1);
+      fp8_bf16(L, Masked ? _mm512_maskz_loadu_epi8(mask, k1) : _mm512_loadu_si512(k1), w2, w3);
+      HWY_UNROLL(4)
+      for (int r = 0; r < R; ++r) {
+        const __m512i q0 = _mm512_load_si512(q16 + r * Dq + i);
+        const __m512i q1 = _mm512_load_si512(q16 + r * Dq + i + 32);
+        __m512& a0 = a[dp_slot(R, r, b)];
+        __m512& a1 = a[dp_slot(R, r, b + 1)];
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)w0, (__m512bh)q0);
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)w2, (__m512bh)q0);
+        a0 = _mm512_dpbf16_ps(a0, (__m512bh)w1, (__m512bh)q1);
+        a1 = _mm512_dpbf16_ps(a1, (__m512bh)w3, (__m512bh)q1);
       }
     }
   }
+}
+
+// Scores of R rows (q16 at stride Dq words) against 16/R keys from kp[k]: s[r][k + b] = q . k
+// over the head's D dims, whole chunks first, then a masked last one where D is not a multiple.
+template <int DT, int R>
+PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int Dq, int D,
+                                          const void* const* kp, int k, float* HWY_RESTRICT s,
+                                          const Fp8Lut& L, int64_t off) {
+  constexpr int KB = 16 / R;
+  constexpr int C = dp_fp8(DT) ? 64 : 32;
+  __m512 a[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + C <= D; i += C) dp_score_chunk<DT, R, false>(q16, Dq, kp, k, i, C, L, off, a);
+  if (i < D) dp_score_chunk<DT, R, true>(q16, Dq, kp, k, i, D - i, L, off, a);
   alignas(64) float tmp[16];
   _mm512_store_ps(tmp, reduce16(a));
   HWY_UNROLL(4)
@@ -1595,29 +1611,35 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
 
 // Scores of R rows against keys [0, nk) of kp (padded with a zero row to a multiple of 16).
 template <int DT, int R>
-PA_DP_ATTR HWY_INLINE void dp_score_rows(const uint16_t* q16, int D, const void* const* kp,
+PA_DP_ATTR HWY_INLINE void dp_score_rows(const uint16_t* q16, int Dq, int D, const void* const* kp,
                                          int nk, float* s, PfStream* pf, const Fp8Lut& L,
                                          int64_t off) {
   constexpr int KB = 16 / R;
   for (int k = 0; k < nk; k += KB) {
-    dp_score_block<DT, R>(q16, D, kp, k, s, L, off);
+    dp_score_block<DT, R>(q16, Dq, D, kp, k, s, L, off);
     pf->step();
   }
 }
 
-// acc rows (stride D, accumulator order) += sum_k p[r][k] v_k over the group of 32 * NV dims at
-// g, keys [0, nk) in pairs (nk even, padded with a zero row and weight 0). p16 holds the weights
-// as bf16, row stride kKeyTile: the 32-bit word at key k is the pair (p_k, p_k+1). V rows are
-// read at vp[k] + off bytes, as the scores read K.
-template <int DT, int R, int NV>
-PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
+// acc rows (stride Dq, accumulator order) += sum_k p[r][k] v_k over the group of 16 * NV dims
+// at g, keys [0, nk) in pairs (nk even, padded with a zero row and weight 0). p16 holds the
+// weights as bf16, row stride kKeyTile: the 32-bit word at key k is the pair (p_k, p_k+1). V rows
+// are read at vp[k] + off bytes, as the scores read K. Masked: the head ends n dims into the
+// group; the dims past it accumulate zeros, and no load leaves the row (the pool's last row may
+// end a mapping).
+template <int DT, int R, int NV, bool Masked = false>
+PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int Dq, int g,
                                         const uint16_t* HWY_RESTRICT p16, const void* const* vp,
-                                        int nk, PfStream* pf, const Fp8Lut& L, int64_t off) {
+                                        int nk, PfStream* pf, const Fp8Lut& L, int64_t off,
+                                        int n = 0) {
+  static_assert(!Masked || NV == (dp_fp8(DT) ? 4 : 2), "a masked group is one load per row");
+  const __mmask32 m16 = Masked && !dp_fp8(DT) ? static_cast<__mmask32>((1u << n) - 1u) : 0;
+  const __mmask64 m8 = Masked && dp_fp8(DT) ? static_cast<__mmask64>((1ull << n) - 1ull) : 0;
   __m512 a[R][NV];
   HWY_UNROLL(4)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(4)
-    for (int v = 0; v < NV; ++v) a[r][v] = _mm512_load_ps(acc + r * D + g + 16 * v);
+    for (int v = 0; v < NV; ++v) a[r][v] = _mm512_load_ps(acc + r * Dq + g + 16 * v);
   }
   for (int k = 0; k < nk; k += 2) {
     pf->step();
@@ -1627,14 +1649,17 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
       const uint16_t* v1 = row_at<uint16_t>(vp[k + 1], off) + g;
       HWY_UNROLL(2)
       for (int c = 0; c < NV / 2; ++c) {
-        const __m512i x0 = _mm512_loadu_si512(v0 + 32 * c), x1 = _mm512_loadu_si512(v1 + 32 * c);
+        const __m512i x0 = Masked ? _mm512_maskz_loadu_epi16(m16, v0) : _mm512_loadu_si512(v0 + 32 * c);
+        const __m512i x1 = Masked ? _mm512_maskz_loadu_epi16(m16, v1) : _mm512_loadu_si512(v1 + 32 * c);
         w[2 * c] = _mm512_unpacklo_epi16(x0, x1);
         w[2 * c + 1] = _mm512_unpackhi_epi16(x0, x1);
       }
     } else {
       static_assert(!dp_fp8(DT) || NV == 4, "fp8 groups are 64 dims");
-      const __m512i x0 = _mm512_loadu_si512(row_at<uint8_t>(vp[k], off) + g);
-      const __m512i x1 = _mm512_loadu_si512(row_at<uint8_t>(vp[k + 1], off) + g);
+      const uint8_t* v0 = row_at<uint8_t>(vp[k], off) + g;
+      const uint8_t* v1 = row_at<uint8_t>(vp[k + 1], off) + g;
+      const __m512i x0 = Masked ? _mm512_maskz_loadu_epi8(m8, v0) : _mm512_loadu_si512(v0);
+      const __m512i x1 = Masked ? _mm512_maskz_loadu_epi8(m8, v1) : _mm512_loadu_si512(v1);
       fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w[0], w[1]);
       fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w[2], w[3]);
     }
@@ -1650,19 +1675,32 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int D, int g,
   HWY_UNROLL(4)
   for (int r = 0; r < R; ++r) {
     HWY_UNROLL(4)
-    for (int v = 0; v < NV; ++v) _mm512_store_ps(acc + r * D + g + 16 * v, a[r][v]);
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(acc + r * Dq + g + 16 * v, a[r][v]);
   }
 }
 
+// P.V over a head's D dims: groups of 64, then (bf16) one of 32, then a masked last group
+// where the head ends inside one. dp_pv_groups counts them (pf->step() calls per key pair).
 template <int DT, int R>
-PA_DP_ATTR HWY_INLINE void dp_acc_rows(float* acc, int D, const uint16_t* p16,
+PA_DP_ATTR HWY_INLINE void dp_acc_rows(float* acc, int Dq, int D, const uint16_t* p16,
                                        const void* const* vp, int nk, PfStream* pf,
                                        const Fp8Lut& L, int64_t off) {
   int g = 0;
-  for (; g + 64 <= D; g += 64) dp_acc_group<DT, R, 4>(acc, D, g, p16, vp, nk, pf, L, off);
+  for (; g + 64 <= D; g += 64) dp_acc_group<DT, R, 4>(acc, Dq, g, p16, vp, nk, pf, L, off);
   if constexpr (!dp_fp8(DT)) {
-    if (g < D) dp_acc_group<DT, R, 2>(acc, D, g, p16, vp, nk, pf, L, off);
+    if (g + 32 <= D) {
+      dp_acc_group<DT, R, 2>(acc, Dq, g, p16, vp, nk, pf, L, off);
+      g += 32;
+    }
+    if (g < D) dp_acc_group<DT, R, 2, true>(acc, Dq, g, p16, vp, nk, pf, L, off, D - g);
+  } else {
+    if (g < D) dp_acc_group<DT, R, 4, true>(acc, Dq, g, p16, vp, nk, pf, L, off, D - g);
   }
+}
+
+template <int DT>
+constexpr int dp_pv_groups(int D) {
+  return dp_fp8(DT) ? (D + 63) / 64 : D / 64 + (D % 64 >= 32) + (D % 32 != 0);
 }
 
 // softmax_tile's bf16-weight pass for a tile that every row sees whole, with no soft cap or ALiBi
@@ -1692,8 +1730,8 @@ PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows,
   }
 }
 
-// Can the dot-product decode run this item? bf16 caches read by bf16 queries, head sizes that
-// are multiples of 32; fp8 caches, any query dtype, head sizes that are multiples of 64.
+// Can the dot-product decode run this item? bf16 caches read by bf16 queries, fp8 caches with
+// any query dtype; any head size (a last partial chunk of dims is read masked).
 HWY_INLINE bool dp_eligible(const AttnItem& it) {
   const int rows = (it.h1 - it.h0) * (it.tok1 - it.tok0);
   if (it.kv_heads > 1) {  // planned for this path (multi_head_decode_ok)
@@ -1702,10 +1740,8 @@ HWY_INLINE bool dp_eligible(const AttnItem& it) {
     return false;
   }
   if (it.head_size > kMaxHeadSize) return false;
-  if (it.kv.dtype == PAGEDATTN_DTYPE_BFLOAT16)
-    return it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && it.head_size % 32 == 0;
-  return (it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2) &&
-         it.head_size % 64 == 0;
+  if (it.kv.dtype == PAGEDATTN_DTYPE_BFLOAT16) return it.dtype == PAGEDATTN_DTYPE_BFLOAT16;
+  return it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2;
 }
 
 // A zero K/V row: padding keys of a tile point here (fp8 0x00 and bf16 0x0000 are +0).
@@ -1730,26 +1766,31 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   const float kNegInf = -std::numeric_limits<float>::infinity();
   const size_t esz = elem_size(it.kv.dtype);
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
-  // q as bf16 (in K's element order), rows at stride D words; the weights of a tile as bf16.
+  // Row stride of q16 and the accumulators: whole chunks of the dot products (32 bf16 dims, 64
+  // fp8 ones), zero past D, where K and V are read masked.
+  const int Dq = dp_fp8(DT) ? (D + 63) & ~63 : (D + 31) & ~31;
+  // q as bf16 (in K's element order), rows at stride Dq words; the weights of a tile as bf16.
   uint16_t* q16 = reinterpret_cast<uint16_t*>(sc->kt);
   uint16_t* p16 = reinterpret_cast<uint16_t*>(sc->vt);
   float* qf = sc->q;  // float staging of one q row
 
   for (int r = 0; r < rows_s; ++r) {
-    uint16_t* qr = q16 + static_cast<size_t>(r) * D;
+    uint16_t* qr = q16 + static_cast<size_t>(r) * Dq;
     if (r >= rows) {
-      memset(qr, 0, sizeof(uint16_t) * static_cast<size_t>(D));
+      memset(qr, 0, sizeof(uint16_t) * static_cast<size_t>(Dq));
       continue;
     }
     const int t = r / nh, g = r % nh;
     const char* qp = item_q(it, t, g);
     if (it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && !dp_fp8(DT)) {
       memcpy(qr, qp, sizeof(uint16_t) * static_cast<size_t>(D));
+      memset(qr + D, 0, sizeof(uint16_t) * static_cast<size_t>(Dq - D));
     } else {
       load_row(qp, it.dtype, 1.0f, qf, D);
-      for (int x = 0; x < D; ++x) qr[x] = f32_to_bf16(qf[(x & ~63) + dp_q_dim_fp8(x & 63)]);
+      memset(qf + D, 0, sizeof(float) * static_cast<size_t>(Dq - D));
+      for (int x = 0; x < Dq; ++x) qr[x] = f32_to_bf16(qf[(x & ~63) + dp_q_dim_fp8(x & 63)]);
     }
-    memset(sc->acc + static_cast<size_t>(r) * D, 0, sizeof(float) * static_cast<size_t>(D));
+    memset(sc->acc + static_cast<size_t>(r) * Dq, 0, sizeof(float) * static_cast<size_t>(Dq));
     sc->m[r] = kNegInf;
     sc->l[r] = 0.0f;
   }
@@ -1831,25 +1872,25 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
       int r = h * G;
       const int r_end = h * G + G_s;
       for (; r + 4 <= r_end; r += 4)
-        dp_score_rows<DT, 4>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
+        dp_score_rows<DT, 4>(q16 + r * Dq, Dq, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
       if (r_end - r >= 2) {
-        dp_score_rows<DT, 2>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
+        dp_score_rows<DT, 2>(q16 + r * Dq, Dq, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
         r += 2;
       }
       if (r_end - r == 1)
-        dp_score_rows<DT, 1>(q16 + r * D, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
+        dp_score_rows<DT, 1>(q16 + r * Dq, Dq, D, kh, nk16, sc->s + r * kKeyTile, &pf, L, off);
     }
     pf.flush();
     stream(ptrs[cur ^ 1][1]);
-    pf.plan(static_cast<int64_t>(kvn) * ((G + 3) / 4) * ((D + 63) / 64) * (nk16 / 2));
+    pf.plan(static_cast<int64_t>(kvn) * ((G + 3) / 4) * dp_pv_groups<DT>(D) * (nk16 / 2));
     cur ^= 1;
     bool full = plain && nk == kKeyTile;
     for (int t = 0; full && t < ntok; ++t)
       full = item_row_lo(it, t) <= kt0 && kt0 + nk - 1 <= item_row_hi(it, t);
     if (full) {
-      dp_softmax_full(sc, p16, rows, D, sfac);
+      dp_softmax_full(sc, p16, rows, Dq, sfac);
     } else {
-      if (!softmax_tile(it, sc, kt0, nk, plain, D, sfac, true)) {
+      if (!softmax_tile(it, sc, kt0, nk, plain, Dq, sfac, true)) {
         pf.flush();
         continue;
       }
@@ -1866,11 +1907,11 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
       int r = h * G;
       const int r_end = h * G + G;
       for (; r + 4 <= r_end; r += 4)
-        dp_acc_rows<DT, 4>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off);
+        dp_acc_rows<DT, 4>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off);
       switch (r_end - r) {
-        case 3: dp_acc_rows<DT, 3>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
-        case 2: dp_acc_rows<DT, 2>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
-        case 1: dp_acc_rows<DT, 1>(sc->acc + r * D, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
+        case 3: dp_acc_rows<DT, 3>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
+        case 2: dp_acc_rows<DT, 2>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
+        case 1: dp_acc_rows<DT, 1>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
         default: break;
       }
     }
@@ -1880,11 +1921,11 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   // Back to natural dim order (and the V scale of fp8), then the output pass.
   const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
   for (int r = 0; r < rows; ++r) {
-    float* a = sc->acc + static_cast<size_t>(r) * D;
-    dp_unpermute<DT>(a, sc->q, D, vf);
+    float* a = sc->acc + static_cast<size_t>(r) * Dq;
+    dp_unpermute<DT>(a, sc->q, Dq, vf);
     memcpy(a, sc->q, sizeof(float) * static_cast<size_t>(D));
   }
-  write_rows(it, sc->acc, sc->m, sc->l, D);
+  write_rows(it, sc->acc, sc->m, sc->l, Dq);
 }
 
 // ---- bf16 dot products for many rows (prefill tiles, wide GQA groups): outer products ----

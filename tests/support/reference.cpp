@@ -132,6 +132,9 @@ std::string AttnCase::describe() const {
 
 namespace {
 
+// Stride padding of a wrapped cache (c.wrap_cache).
+constexpr uint8_t kPadByte = 0xFF;
+
 // Host image of the whole cache in read_blocks' format (ids 0..nb-1).
 struct Image {
   pagedattn_dtype dt;
@@ -349,7 +352,9 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
       std::vector<void*> kp, vp;
       for (int l = 0; l < 2 * c.num_layers; ++l) {
         wrap_bufs.emplace_back(new DevBuf(dev, static_cast<size_t>(wb) * nb * dtype_bytes(cdt)));
-        std::fill(wrap_bufs.back()->host().begin(), wrap_bufs.back()->host().end(), 0x5A);
+        // 0xFF bytes are NaN in every cache dtype: a kernel that reads stride padding into
+        // its arithmetic (even times a zero) makes NaN out of it and fails the comparison.
+        std::fill(wrap_bufs.back()->host().begin(), wrap_bufs.back()->host().end(), kPadByte);
         wrap_bufs.back()->upload();
         (l % 2 ? vp : kp).push_back(wrap_bufs.back()->ptr());
       }
@@ -718,7 +723,7 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
                   std::fill(&logical[e], &logical[e] + es, 1);
                 }
           for (size_t i = 0; i < wbuf.bytes(); ++i)
-            if (!logical[i] && wbuf.host()[i] != 0x5A)
+            if (!logical[i] && wbuf.host()[i] != kPadByte)
               return ::testing::AssertionFailure()
                      << "wrapped cache: padding byte " << i << " of layer " << l
                      << " was overwritten";
