@@ -1760,10 +1760,10 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   const int G = rows / kvn;
   // A head's rows are scored in passes (pass_rows) of 4 rows, then 2, then 1, except that a last
   // group of 3 is scored as 4 in one-head items (in cache as fast as 2 and 1) and on fp8 caches,
-  // which convert K once per pass (in cache 24/8 heads 7% faster, 56/8 and 28/4 3-4%; passes
-  // of 8 rows were 1.3-1.7x slower). A padded pass runs into the next head's rows, whose own pass comes later and
-  // overwrites those scores, or into zero rows after the item's last (q16 and the scores have
-  // kMaxRows rows; no padding where it would not fit).
+  // which convert K once per pass (in cache 24/8 heads 7% faster, 56/8 and 28/4 3-4%; passes of
+  // 8 rows were 1.3-1.7x slower). A padded pass runs into the next head's rows, whose own pass
+  // comes later and overwrites those scores, or into zero rows after the item's last (q16 and
+  // the scores have kMaxRows rows; no padding where it would not fit).
   int pass_rows[kMaxRows];
   int npass = 0, G_s = 0;
   for (int left = G; left > 0;) {
