@@ -307,8 +307,8 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> bf16_codes(hn::Vec<DF> x) {
 // n elements of src (dtype sdt) stored as dtype ddt at dst, fp8 as x / scale: what store_elem
 // gives for each (load_elem of src first), vectorised where the destination is bf16, float32 or
 // fp8. n <= kMaxHeadSize.
-HWY_INLINE void store_row(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dtype sdt,
-                          int n, float scale) {
+HWY_INLINE void store_cache_row(void* dst, pagedattn_dtype ddt, const void* src,
+                                pagedattn_dtype sdt, int n, float scale) {
   if (ddt == sdt) {
     memcpy(dst, src, static_cast<size_t>(n) * elem_size(sdt));
     return;
@@ -347,9 +347,9 @@ HWY_INLINE void store_row(void* dst, pagedattn_dtype ddt, const void* src, paged
   for (; i < n; ++i) store_elem(dst, i, ddt, tmp[i], scale);
 }
 
-void StoreRow(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dtype sdt, int n,
-              float scale) {
-  store_row(dst, ddt, src, sdt, n, scale);
+void StoreCacheRow(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dtype sdt, int n,
+                   float scale) {
+  store_cache_row(dst, ddt, src, sdt, n, scale);
 }
 
 // Prefetches the K and V rows of key `pos`: paged rows are scattered (shuffled blocks, strided
@@ -539,19 +539,10 @@ HWY_INLINE void store_row(void* dst, pagedattn_dtype dt, const float* HWY_RESTRI
     for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vf), d, o + i);
     for (; i < n; ++i) o[i] = x[i] * f;
   } else if (dt == PAGEDATTN_DTYPE_BFLOAT16) {
-    const hn::RebindToSigned<DF> di;
     const hn::Rebind<uint16_t, DF> du16;
     uint16_t* o = static_cast<uint16_t*>(dst);
-    for (; i + N <= n; i += N) {
-      const auto u = hn::BitCast(di, hn::Mul(hn::LoadU(d, x + i), vf));
-      const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(di, 1));
-      auto r = hn::And(hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(di, 0x7FFF), odd))),
-                       hn::Set(di, 0xFFFF));
-      const auto nan = hn::Gt(hn::And(u, hn::Set(di, 0x7FFFFFFF)), hn::Set(di, 0x7F800000));
-      r = hn::IfThenElse(nan, hn::Or(hn::And(hn::ShiftRight<16>(u), hn::Set(di, 0xFFFF)),
-                                     hn::Set(di, 0x40)), r);
-      hn::StoreU(hn::DemoteTo(du16, r), du16, o + i);
-    }
+    for (; i + N <= n; i += N)
+      hn::StoreU(hn::DemoteTo(du16, bf16_codes(hn::Mul(hn::LoadU(d, x + i), vf))), du16, o + i);
     for (; i < n; ++i) o[i] = f32_to_bf16(x[i] * f);
   } else {
     uint16_t* o = static_cast<uint16_t*>(dst);
@@ -2322,11 +2313,11 @@ namespace pa_cpu {
 HWY_EXPORT(AttentionItem);
 HWY_EXPORT(MultiHeadDecodeOk);
 HWY_EXPORT(ConvertForTest);
-HWY_EXPORT(StoreRow);
+HWY_EXPORT(StoreCacheRow);
 
-void store_row(uint32_t target_index, void* dst, pagedattn_dtype ddt, const void* src,
-               pagedattn_dtype sdt, int n, float scale) {
-  HWY_DISPATCH_TABLE(StoreRow)[target_index](dst, ddt, src, sdt, n, scale);
+void store_cache_row(uint32_t target_index, void* dst, pagedattn_dtype ddt, const void* src,
+                     pagedattn_dtype sdt, int n, float scale) {
+  HWY_DISPATCH_TABLE(StoreCacheRow)[target_index](dst, ddt, src, sdt, n, scale);
 }
 
 void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const void* src,

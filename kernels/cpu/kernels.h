@@ -150,8 +150,8 @@ void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const
 /* Stores n (<= kMaxHeadSize) elements of src, dtype sdt, as dtype ddt at dst: exactly what
  * store_elem(load_elem(...)) gives (fp8: x / scale, saturating, nearest even), vectorised on the
  * target where dst is float32, bf16 or fp8. Same dtype: a plain copy. */
-void store_row(uint32_t target_index, void* dst, pagedattn_dtype ddt, const void* src,
-               pagedattn_dtype sdt, int n, float scale);
+void store_cache_row(uint32_t target_index, void* dst, pagedattn_dtype ddt, const void* src,
+                     pagedattn_dtype sdt, int n, float scale);
 
 /* Stores rows [r0, r1) of k/v into the cache at the given slots (-1 skipped). */
 void cache_write_rows(uint32_t target_index, const pa_write_args& args, int64_t r0, int64_t r1);

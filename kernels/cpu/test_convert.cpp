@@ -49,8 +49,8 @@ const char* name_of(pagedattn_dtype dt) {
   }
 }
 
-// The cache write's stores (store_row) against store_elem(load_elem(...)), bit for bit but for
-// NaN payloads as above, on one target: from float32 (every upper half with eight
+// The cache write's stores (store_cache_row) against store_elem(load_elem(...)), bit for bit
+// but for NaN payloads as above, on one target: from float32 (every upper half with eight
 // lower halves, rounding ties among them), float16 and bf16 (every pattern), to each cache dtype
 // that differs, fp8 at four scales. Rows of 200 elements, so a vector's tail runs too.
 int check_stores(const char* tname, uint32_t target_index) {
@@ -91,8 +91,8 @@ int check_stores(const char* tname, uint32_t target_index) {
         std::vector<unsigned char> want(static_cast<size_t>(count) * dsz, 0x5A);
         for (int r = 0; r < count; r += kRow) {
           const int n = std::min(kRow, count - r);
-          pa_cpu::store_row(target_index, &got[static_cast<size_t>(r) * dsz], ddt,
-                            &src[static_cast<size_t>(r) * ssz], sdt, n, scale);
+          pa_cpu::store_cache_row(target_index, &got[static_cast<size_t>(r) * dsz], ddt,
+                                  &src[static_cast<size_t>(r) * ssz], sdt, n, scale);
           for (int i = 0; i < n; ++i)
             pa_cpu::store_elem(&want[static_cast<size_t>(r) * dsz], i, ddt,
                                pa_cpu::load_elem(&src[static_cast<size_t>(r) * ssz], i, sdt, 1.0f),

@@ -1,5 +1,5 @@
 // kernels/cpu/write.cpp — reshape-and-cache: new K/V rows into their cache slots. Each head's
-// row is copied or converted by store_row (attention.cpp, on the selected SIMD target).
+// row is copied or converted by store_cache_row (attention.cpp, on the selected SIMD target).
 #include "convert.h"
 #include "kernels.h"
 
@@ -23,8 +23,10 @@ void cache_write_rows(uint32_t target_index, const pa_write_args& a, int64_t r0,
                       (r * a.k.row_stride + h * a.k.head_stride) * ksz;
       const char* v = static_cast<const char*>(a.v.data) +
                       (r * a.v.row_stride + h * a.v.head_stride) * vsz;
-      store_row(target_index, kbase + dst * esz, c.dtype, k, a.k.dtype, c.head_size, a.k_scale);
-      store_row(target_index, vbase + dst * esz, c.dtype, v, a.v.dtype, c.head_size, a.v_scale);
+      store_cache_row(target_index, kbase + dst * esz, c.dtype, k, a.k.dtype, c.head_size,
+                      a.k_scale);
+      store_cache_row(target_index, vbase + dst * esz, c.dtype, v, a.v.dtype, c.head_size,
+                      a.v_scale);
     }
   }
 }
