@@ -1461,12 +1461,12 @@ constexpr int dp_slot(int R, int r, int b) {
 // The next tile's memory, prefetched into L2 a few lines per compute step so the requests stream
 // evenly behind the work, each span in address order: one span per key row (a multi-head item's
 // row of an NHD cache is one contiguous run), or, where an item reads (nearly) all of each
-// block, one span per block.
+// block, one span per block. The spans take turns, four lines each: two blocks streamed side by
+// side read faster than one after the other (b16 x 4096 decode 3-5% faster, Zen 4).
 struct PfStream {
-  const char* ptr[kKeyTile];
+  const char* ptr[kKeyTile];  // next line of each span
   const char* end[kKeyTile];
-  const char* p = nullptr;  // next line of span k
-  int n = 0, k = 0, quota = 0;  // quota: groups of four lines per step()
+  int n = 0, k = 0, live = 0, quota = 0;  // live: spans not done; quota: turns per step()
   // Spans of row_bytes at rows[0, nrows).
   void rows(const void* const* r, int nrows, int64_t row_bytes) {
     n = nrows;
@@ -1492,19 +1492,21 @@ struct PfStream {
   // Spreads the spans' lines over `steps` calls of step().
   void plan(int64_t steps) {
     k = 0;
-    p = n > 0 ? ptr[0] : nullptr;
+    live = n;
     int64_t total = 0;
     for (int i = 0; i < n; ++i) total += (end[i] - ptr[i]) / 64;
     const int64_t per = steps > 0 ? (total + steps - 1) / steps : total;
     quota = static_cast<int>((per + 3) / 4);
   }
-  // Four lines per bookkeeping round: the per-line loop cost 17% of an in-cache decode (Zen 4,
-  // one thread). A span's last round may issue fewer.
+  // Four lines per turn: the per-line loop cost 17% of an in-cache decode (Zen 4, one thread).
+  // A span's last turn may issue fewer. Span lengths are whole lines, so ptr meets end exactly.
   HWY_INLINE void step() {
-    for (int m = quota; m > 0 && k < n; --m) {
+    for (int m = quota; m > 0 && live > 0; --m) {
+      while (ptr[k] == end[k]) k = k + 1 == n ? 0 : k + 1;
       // prefetcht2 (locality 1): on Zen 4 decode ran 6-9% faster than with prefetcht1 (bf16
       // cache, 1 and 2 threads, NHD and HND; fp8 unchanged). Every line: prefetching only a
       // page's first line and leaving the rest to the hardware doubled the time.
+      const char* p = ptr[k];
       const char* e = end[k];
       if (e - p >= 256) {
         __builtin_prefetch(p, 0, 1);
@@ -1512,11 +1514,12 @@ struct PfStream {
         __builtin_prefetch(p + 128, 0, 1);
         __builtin_prefetch(p + 192, 0, 1);
         p += 256;
-        if (p != e) continue;
       } else {
         for (; p < e; p += 64) __builtin_prefetch(p, 0, 1);
       }
-      if (++k < n) p = ptr[k];
+      ptr[k] = p;
+      if (p == e) --live;
+      k = k + 1 == n ? 0 : k + 1;
     }
   }
   void flush() {
