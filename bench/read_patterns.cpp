@@ -10,6 +10,8 @@
 //   linear+pf       the same, software prefetch of the next tile spread over this one
 //   head-major      NHD head by head (16 rows of 256 B, 2 KiB apart), hardware prefetch only
 //   head-major+pf   the same with the next tile's software prefetch (the decode's scheme)
+//   side by side N  N blocks front to back at once, 128 B of each in turn (hardware prefetch)
+//   runs of 8       linear, but the shuffled unit is 8 adjacent blocks (256 KiB), not one
 // With a `work` argument W > 0, also the two prefetched orders with W units of arithmetic per
 // 256 B read (a unit: one add on each of 8 independent 8-float chains, nothing waiting on the
 // loads; ~3 cycles): the same passes over a pool that stays in cache (the work's own rate) and
@@ -77,11 +79,13 @@ inline void work(v8f* w, int units) {
 }
 
 enum Pattern {
-  kStream, kLinear, kLinearPf, kHeadMajor, kHeadMajorPf, kPlain,
+  kStream, kLinear, kLinearPf, kHeadMajor, kHeadMajorPf, kSide2, kSide4, kSide8, kRuns8, kPlain,
   kLinearPfWork = kPlain, kHeadMajorPfWork, kLinearPfWorkCached, kHeadMajorPfWorkCached, kPatterns
 };
 const char* const kNames[kPatterns] = {"stream", "linear", "linear+pf", "head-major",
-                                       "head-major+pf", "linear+pf+work", "head-major+pf+work",
+                                       "head-major+pf", "side by side 2", "side by side 4",
+                                       "side by side 8", "runs of 8 blocks",
+                                       "linear+pf+work", "head-major+pf+work",
                                        "linear+pf+work (in cache)",
                                        "head-major+pf+work (in cache)"};
 constexpr size_t kCachedBlocks = 16;  // per thread and pool: 2 x 512 KiB, held in L2/L3
@@ -100,6 +104,25 @@ PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* id
   if (pat == kStream) {
     for (const char* base : {K, V})
       for (size_t o = lo * kBlock; o < (lo + nb) * kBlock; o += 256) sum256(base + o, a);
+  } else if (pat >= kSide2 && pat <= kSide8) {
+    const size_t w = size_t(2) << (pat - kSide2);
+    for (const char* base : {K, V})
+      for (size_t t = 0; t < nb; t += w) {
+        const size_t m = std::min(w, nb - t);  // a last group may be short
+        const char* blk[8];
+        for (size_t b = 0; b < m; ++b) blk[b] = base + (size_t)id(t + b) * kBlock;
+        for (size_t o = 0; o < kBlock; o += 256)
+          for (size_t b = 0; b < m; ++b) sum256(blk[b] + o, a);
+      }
+  } else if (pat == kRuns8) {
+    // ids[i] / 8 names a run; each run is read once, at the place of its first block in ids.
+    for (const char* base : {K, V})
+      for (size_t i = 0; i < nb; ++i) {
+        const size_t run = static_cast<size_t>(ids[i]) / 8 * 8;
+        if (static_cast<size_t>(ids[i]) != std::max(run, lo)) continue;
+        const size_t end = std::min(run + 8, lo + nb);
+        for (size_t o = std::max(run, lo) * kBlock; o < end * kBlock; o += 256) sum256(base + o, a);
+      }
   } else {
     const bool pf = pat == kLinearPf || pat == kHeadMajorPf;
     const bool heads = pat == kHeadMajor || pat == kHeadMajorPf;
