@@ -19,7 +19,11 @@
 // whole-pool figure is what that decode could reach here if memory and work overlapped perfectly
 // (bench/overlap-bound.sh does the choosing).
 //
+// A last argument of 16 makes the blocks 16 KiB (an fp8 cache's NHD block: 16 slots x 8 heads x
+// 128 bytes; heads 128 B apart), for the read-only patterns (work 0).
+//
 // usage: pagedattn-read-patterns [threads (0 = all)] [MiB per pool (512)] [passes (3)] [work (0)]
+//                                [block KiB: 32 or 16 (32)]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -29,9 +33,9 @@
 
 namespace {
 
-constexpr size_t kBlock = 32768;
-constexpr size_t kRow = 2048;  // one slot row of all heads
-constexpr size_t kHead = 256;  // one head's part of a row
+size_t kBlock = 32768;
+size_t kRow = 2048;  // one slot row of all heads: kBlock / 16
+size_t kHead = 256;  // one head's part of a row: kRow / 8
 
 using bench::v8f;
 
@@ -58,15 +62,12 @@ struct Spread {
     for (int i = 0; i < nb; ++i) blk[i] = b[i];
     off = 0;
   }
-  // 4 blocks of 512 lines over 512 steps of 256 B: four lines a step.
-  void step() {
+  // As many bytes of the next tile as were just read (256 or 128): a line per 64 B.
+  void step(size_t bytes) {
     if (n == 0 || off >= kBlock * n) return;
     const char* p = blk[off / kBlock] + off % kBlock;
-    __builtin_prefetch(p, 0, 1);
-    __builtin_prefetch(p + 64, 0, 1);
-    __builtin_prefetch(p + 128, 0, 1);
-    __builtin_prefetch(p + 192, 0, 1);
-    off += 256;
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 1);
+    off += bytes;
   }
 };
 
@@ -143,14 +144,23 @@ PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* id
           if (heads) {
             for (size_t h = 0; h < kRow / kHead; ++h)
               for (size_t r = 0; r < kBlock / kRow; ++r) {
-                sum256(blk + r * kRow + h * kHead, a);
-                if (pf) s.step();
+                const char* hp = blk + r * kRow + h * kHead;
+                if (kHead == 256) {
+                  sum256(hp, a);
+                } else {  // 128 B: half of sum256's loads
+                  const v8f* v = reinterpret_cast<const v8f*>(hp);
+                  a[0] += v[0];
+                  a[1] += v[1];
+                  a[2] += v[2];
+                  a[3] += v[3];
+                }
+                if (pf) s.step(kHead);
                 if (busy) work(w, units);
               }
           } else {
             for (size_t o = 0; o < kBlock; o += 256) {
               sum256(blk + o, a);
-              if (pf) s.step();
+              if (pf) s.step(256);
               if (busy) work(w, units);
             }
           }
@@ -172,12 +182,17 @@ int main(int argc, char** argv) {
   const size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 512;
   const int passes = argc > 3 ? std::atoi(argv[3]) : 3;
   const int units = argc > 4 ? std::atoi(argv[4]) : 0;
+  const int block_kib = argc > 5 ? std::atoi(argv[5]) : 32;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (mib < 8 || passes < 1 || units < 0 || units > 4096) {
+  if (mib < 8 || passes < 1 || units < 0 || units > 4096 ||
+      (block_kib != 32 && (block_kib != 16 || units > 0))) {
     std::fprintf(stderr, "usage: pagedattn-read-patterns [threads] [MiB per pool >= 8] [passes]"
-                         " [work 0..4096]\n");
+                         " [work 0..4096] [block KiB: 32, or 16 with work 0]\n");
     return 2;
   }
+  kBlock = static_cast<size_t>(block_kib) << 10;
+  kRow = kBlock / 16;
+  kHead = kRow / 8;
   const size_t kHuge = size_t(2) << 20;
   const size_t bytes = (mib << 20) / kHuge * kHuge;
   const size_t nblocks = bytes / kBlock;
@@ -207,8 +222,8 @@ int main(int argc, char** argv) {
     const size_t lo = nblocks * t / threads, hi = nblocks * (t + 1) / threads;
     for (size_t i = hi - lo; i > 1; --i) std::swap(ids[lo + i - 1], ids[lo + rng.next() % i]);
   }
-  std::printf("pagedattn-read-patterns: %d threads, K and V pools of %zu MiB, %zu blocks of 32 KiB,"
-              " best of %d passes%s\n", threads, bytes >> 20, nblocks, passes,
+  std::printf("pagedattn-read-patterns: %d threads, K and V pools of %zu MiB, %zu blocks of %zu KiB,"
+              " best of %d passes%s\n", threads, bytes >> 20, nblocks, kBlock >> 10, passes,
               units > 0 ? ", work per 256 B read as given" : "");
   volatile float sink = 0;
   std::vector<float> part(threads);
