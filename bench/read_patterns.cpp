@@ -10,8 +10,9 @@
 //   linear+pf       the same, software prefetch of the next tile spread over this one
 //   head-major      NHD head by head (16 rows of 256 B, 2 KiB apart), hardware prefetch only
 //   head-major+pf   the same with the next tile's software prefetch (the decode's scheme)
-//   side by side N  N blocks front to back at once, 128 B of each in turn (hardware prefetch)
-//   runs of 8       linear, but the shuffled unit is 8 adjacent blocks (256 KiB), not one
+//   side by side N  N blocks front to back at once, 256 B of each in turn (hardware prefetch)
+//   runs of 8       linear, but the shuffled unit is 8 adjacent blocks (256 KiB of 32 KiB
+//                   blocks), not one
 // With a `work` argument W > 0, also the two prefetched orders with W units of arithmetic per
 // 256 B read (a unit: one add on each of 8 independent 8-float chains, nothing waiting on the
 // loads; ~3 cycles): the same passes over a pool that stays in cache (the work's own rate) and
