@@ -40,26 +40,18 @@ size_t kHead = 256;  // one head's part of a row: kRow / 8
 
 using bench::v8f;
 
-// Sum of 256 bytes into four independent accumulators (bound by the loads, not the adds).
-inline void sum256(const char* p, v8f* a) {
-  const v8f* v = reinterpret_cast<const v8f*>(p);
-  a[0] += v[0];
-  a[1] += v[1];
-  a[2] += v[2];
-  a[3] += v[3];
-  a[0] += v[4];
-  a[1] += v[5];
-  a[2] += v[6];
-  a[3] += v[7];
-}
-
-// Sum of 128 bytes (one head's part of a 16 KiB block's row), as sum256 does.
+// Sum of 128 bytes into four independent accumulators (bound by the loads, not the adds).
 inline void sum128(const char* p, v8f* a) {
   const v8f* v = reinterpret_cast<const v8f*>(p);
   a[0] += v[0];
   a[1] += v[1];
   a[2] += v[2];
   a[3] += v[3];
+}
+
+inline void sum256(const char* p, v8f* a) {
+  sum128(p, a);
+  sum128(p + 128, a);
 }
 
 // The next tile's lines, a few per 256 bytes read (as the decode spreads them).
