@@ -127,6 +127,52 @@ TEST_F(Attention, FastFeatures) {
   });
 }
 
+TEST_F(Attention, FastDecodeMultiHead) {
+  // GQA decode on every SIMD target: one item takes several KV heads of a sequence (the bf16
+  // dot products where the CPU has them and the dtypes fit, else the in-register loops over any
+  // cache dtype) and reads whole slot rows (NHD) or whole blocks (HND, all heads in one item).
+  // Group sizes 1-8 and 12, 2-8 KV heads, every cache dtype, head sizes of whole and partial
+  // vectors (the latter run one head at a time), masks, ALiBi, soft cap, window, and few long
+  // sequences, whose items split the keys (several heads' partial states merged).
+  const int groups[] = {1, 2, 3, 4, 5, 6, 7, 8, 12};
+  const int head_sizes[] = {64, 128, 32, 80, 256, 40, 16};
+  const int block_sizes[] = {16, 8, 32, 1, 64};
+  run(30, [&](std::mt19937_64& rng, int i) {
+    AttnCase c;
+    c.dtype = kModel[(i / 5) % 3];
+    if (i % 5 == 3) c.cache_dtype = PAGEDATTN_DTYPE_FP8_E4M3;
+    if (i % 5 == 4) c.cache_dtype = PAGEDATTN_DTYPE_FP8_E5M2;
+    if (i % 5 >= 3) {
+      c.k_scale = 0.5f + static_cast<float>(rng() % 4);
+      c.v_scale = 0.25f * static_cast<float>(1 + rng() % 8);
+    }
+    c.Hkv = 2 + i % 7;
+    c.H = c.Hkv * groups[i % 9];
+    c.D = head_sizes[i % 7];
+    c.block_size = block_sizes[i % 5];
+    c.layout = i % 2 ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
+    c.lse = i % 4 < 2;
+    c.wrap_cache = i % 7 == 3;
+    switch (i % 6) {
+      case 1: c.alibi = true; break;
+      case 3: c.soft_cap = 5.0f + static_cast<float>(rng() % 30); break;
+      case 5: c.window = 1 + static_cast<int>(rng() % 300); break;
+      default: break;
+    }
+    if (i % 3 == 0) {
+      c.seqs.resize(1 + rng() % 2);
+      for (auto& s : c.seqs) {
+        s.qlen = 1;
+        s.ctx = 520 + static_cast<int>(rng() % 700);
+      }
+    } else {
+      c.seqs = pat::random_decode_seqs(rng, 1 + static_cast<int>(rng() % 6), 300);
+    }
+    limit_cost(c, 20'000'000);
+    return c;
+  });
+}
+
 // ---- grids ----
 
 TEST_F(Attention, DecodeGrid) {
@@ -148,9 +194,9 @@ TEST_F(Attention, DecodeGrid) {
 }
 
 TEST_F(Attention, DecodeEveryGqaGroupSize) {
-  // bf16 queries over bf16 or fp8 caches: where the CPU has bf16 dot products, one decode item
-  // takes several KV heads of a sequence, each with its group of query heads scored 4, 2 and 1
-  // rows at a time. Group sizes 1..9, 12 and 16; 2, 3 and 8 KV heads (8 x 9 rows are more than
+  // bf16 queries over bf16 or fp8 caches (every 6th case an f16 model and cache): one decode
+  // item takes several KV heads of a sequence, each with its group of query heads scored 4, 2
+  // and 1 rows at a time (bf16 dot products where the CPU has them; f16 in registers). Group sizes 1..9, 12 and 16; 2, 3 and 8 KV heads (8 x 9 rows are more than
   // one item takes, so those items split the heads unevenly); both layouts; head sizes that end
   // inside a chunk of the dot products (read masked), some over a wrapped cache whose stride
   // padding is NaN.
@@ -164,6 +210,7 @@ TEST_F(Attention, DecodeEveryGqaGroupSize) {
     c.D = head_sizes[i % 11];
     c.layout = (i / 14) % 2 ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
     c.wrap_cache = i % 5 == 2;
+    if (i % 6 == 4) c.dtype = PAGEDATTN_DTYPE_FLOAT16;
     if (i % 4 == 1) {
       c.cache_dtype = i % 8 == 1 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_FP8_E5M2;
       c.k_scale = 0.5f + static_cast<float>(rng() % 4);

@@ -122,9 +122,11 @@ static inline char* item_out(const AttnItem& it, int t, int g) {
              static_cast<int64_t>(elem_size(it.dtype));
 }
 
-/* Whether `item` (a decode item, one token) may cover several KV heads (kv_heads > 1: the AVX3_BF16
- * dot-product decode reads whole slot rows of caches whose heads are contiguous). Items the
- * kernels cannot run that way are still correct: they run one KV head at a time. */
+/* Whether `item` (a decode item, one token, over a paged cache) may cover several KV heads
+ * (kv_heads > 1): the AVX3_BF16 dot-product decode, or on any target the in-register loops (head
+ * size a whole number of vectors), then read whole slot rows of caches whose heads are
+ * contiguous, or whole blocks. Items the kernels cannot run that way are still correct: they run
+ * one KV head at a time. */
 bool multi_head_decode_ok(const Target& target, const AttnItem& item);
 
 /* Runs one work item with the given target. */
