@@ -874,6 +874,23 @@ HWY_INLINE void permute_pairs(float* x, int n, bool to_pairs) {
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Sixteen accumulators -> one vector: lane 4c + m = sum of a[4m + c].
+HWY_INLINE __m512 reduce16(const __m512* a) {
+  __m512 u[8], w[4], z[2];
+  for (int i = 0; i < 8; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)
+    z[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+}
+#endif
+
 // Horizontal sums of R accumulators into out[j * kKeyTile]. For four rows, two interleave rounds
 // leave [sum a0, sum a1, sum a2, sum a3] in every 128-bit block, then the blocks are added.
 template <int R>
@@ -1039,6 +1056,22 @@ HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const
       }
     }
   }
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (R == 4 && KB == 4) {
+    // All 16 sums in one reduction: lane 4j + b is row j's score of key k + b.
+    __m512 v[16];
+    HWY_UNROLL(4)
+    for (int b = 0; b < 4; ++b) {
+      HWY_UNROLL(4)
+      for (int j = 0; j < 4; ++j) v[4 * b + j] = a[b][j].raw;
+    }
+    alignas(64) float t[16];
+    _mm512_store_ps(t, reduce16(v));
+    HWY_UNROLL(4)
+    for (int j = 0; j < 4; ++j) memcpy(s + j * kKeyTile + k, t + 4 * j, sizeof(float) * 4);
+    return;
+  }
+#endif
   HWY_UNROLL(4)
   for (int b = 0; b < KB; ++b) reduce_rows<R>(a[b], s + k + b);
 }
@@ -1564,21 +1597,6 @@ PA_DP_ATTR HWY_INLINE void dp_unpermute(const float* HWY_RESTRICT src, float* HW
 HWY_INLINE int dp_q_dim_fp8(int x) {
   const int v = x >> 5, w = x & 31;
   return 16 * (w >> 3) + 8 * v + (w & 7);
-}
-
-// Sixteen accumulators -> one vector: lane 4c + m = sum of a[4m + c].
-PA_DP_ATTR HWY_INLINE __m512 reduce16(const __m512* a) {
-  __m512 u[8], w[4], z[2];
-  for (int i = 0; i < 8; ++i)
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i)
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)
-    z[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
 }
 
 // Accumulator slot of (row r, key b) in a block of R rows x 16/R keys, so that reduce16 leaves
