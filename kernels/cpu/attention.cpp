@@ -30,6 +30,25 @@ using DF = hn::ScalableTag<float>;
 
 // ---- Cache element conversion ----
 
+#if HWY_TARGET < HWY_SSE4
+// f16 bits of sign-extended fp8 bytes x (int16 lanes), exact; e4m3 comes out 2^-8 too small.
+// Sign extension copies the sign into bits 8..15: one shift puts it at bit 15.
+template <int DT, class V>
+HWY_INLINE V fp8_f16_bits(V x) {
+  const hn::DFromV<V> d16;
+  if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
+    // Bit 14 (a sign copy) cleared; e and m land in f16's exponent and mantissa.
+    const auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, static_cast<int16_t>(0xBF80)));
+    // 0x7F/0xFF are e4m3fn's NaN (a NaN store gives them): f16 exponent 31 keeps them NaN. Only
+    // their magnitude, 0x3F80, carries into bit 14 when 0x80 is added (one ternary op on AVX-512).
+    return hn::OrAnd(h, hn::Add(h, hn::Set(d16, static_cast<int16_t>(0x0080))),
+                     hn::Set(d16, static_cast<int16_t>(0x4000)));
+  } else {
+    return hn::ShiftLeft<8>(x);  // e5m2 is f16's top byte
+  }
+}
+#endif
+
 // N fp8 elements at p + i as float32, unscaled; e4m3 comes back 2^-8 too small (its exponent bias
 // is 8 below f16's). Callers fold fp8_factor into q (keys) and the accumulators (values).
 template <int DT>
@@ -59,22 +78,10 @@ HWY_INLINE hn::Vec<DF> load_fp8(const void* p, int i) {
   }
 #else
   // fp8 -> f16 bit pattern (exact), then the hardware f16 -> f32 conversion, so fp8 subnormals
-  // never reach a float32 multiply as denormals. Sign extension copies the sign into bits 8..15:
-  // one shift puts it at bit 15.
+  // never reach a float32 multiply as denormals.
   const hn::Rebind<int16_t, DF> d16;
   const hn::Rebind<hwy::float16_t, DF> dh;
-  const auto x = hn::PromoteTo(d16, hn::LoadU(d8, src));
-  if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
-    // Bit 14 (a sign copy) cleared; e and m land in f16's exponent and mantissa.
-    auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, static_cast<int16_t>(0xBF80)));
-    // 0x7F/0xFF are e4m3fn's NaN (a NaN store gives them): f16 exponent 31 keeps them NaN. Only
-    // their magnitude, 0x3F80, carries into bit 14 when 0x80 is added (one ternary op on AVX-512).
-    h = hn::OrAnd(h, hn::Add(h, hn::Set(d16, static_cast<int16_t>(0x0080))),
-                  hn::Set(d16, static_cast<int16_t>(0x4000)));
-    return hn::PromoteTo(d, hn::BitCast(dh, h));
-  } else {
-    return hn::PromoteTo(d, hn::BitCast(dh, hn::ShiftLeft<8>(x)));  // e5m2 is f16's top byte
-  }
+  return hn::PromoteTo(d, hn::BitCast(dh, fp8_f16_bits<DT>(hn::PromoteTo(d16, hn::LoadU(d8, src)))));
 #endif
 }
 
@@ -184,17 +191,32 @@ HWY_INLINE void load_fp8_quad(const void* p, int i, hn::Vec<DF>* v) {
 #define PA_FP8_QUADS 0
 #endif
 
+// fp8 pairs (load_pair) on AVX2. Not on AVX3: Zen 4 splits 512-bit integer ops in two, so
+// widening 2N bytes at once saved nothing there (in cache e4m3 0.55 -> 0.58 ms); untried on
+// CPUs with full-width AVX-512 units.
+#undef PA_FP8_PAIRS
+#if HWY_TARGET == HWY_AVX2
+#define PA_FP8_PAIRS 1
+#else
+#define PA_FP8_PAIRS 0
+#endif
+
 // Kernel "dtypes" of the in-register decode paths that read rows in multi-vector chunks
-// (permuted bf16 pairs below, fp8 quads above), and the cache dtype each one reads.
+// (bf16 and fp8 pairs below, fp8 quads above), and the cache dtype each one reads.
 constexpr int kBF16Pairs = 100;
 constexpr int kE4M3Quads = 101;
 constexpr int kE5M2Quads = 102;
+constexpr int kE4M3Pairs = 103;
+constexpr int kE5M2Pairs = 104;
 constexpr bool is_fp8_quads(int DT) { return DT == kE4M3Quads || DT == kE5M2Quads; }
+constexpr bool is_fp8_pairs(int DT) { return DT == kE4M3Pairs || DT == kE5M2Pairs; }
+// Two vectors per load_pair: 2N-element chunks (bf16 pairs permuted, fp8 pairs in order).
+constexpr bool is_pairs(int DT) { return DT == kBF16Pairs || is_fp8_pairs(DT); }
 constexpr int base_dtype(int DT) {
-  return DT == kBF16Pairs   ? PAGEDATTN_DTYPE_BFLOAT16
-         : DT == kE4M3Quads ? PAGEDATTN_DTYPE_FP8_E4M3
-         : DT == kE5M2Quads ? PAGEDATTN_DTYPE_FP8_E5M2
-                            : DT;
+  return DT == kBF16Pairs                       ? PAGEDATTN_DTYPE_BFLOAT16
+         : DT == kE4M3Quads || DT == kE4M3Pairs ? PAGEDATTN_DTYPE_FP8_E4M3
+         : DT == kE5M2Quads || DT == kE5M2Pairs ? PAGEDATTN_DTYPE_FP8_E5M2
+                                                : DT;
 }
 
 // N elements of cache type DT at p + i as float32 (fp8 as load_fp8).
@@ -849,6 +871,19 @@ HWY_INLINE void load_pair(const void* p, int i, hn::Vec<DF>& lo, hn::Vec<DF>& hi
     const auto w = hn::LoadU(du, reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(p) + i));
     lo = hn::BitCast(d, hn::ShiftLeft<16>(w));
     hi = hn::BitCast(d, hn::And(w, hn::Set(du, 0xFFFF0000u)));
+#if PA_FP8_PAIRS
+  } else if constexpr (is_fp8_pairs(DT)) {
+    // 2N bytes widened at once, so the bit ops run once per 2N values (9 ops per 16 values
+    // against 14 through load_vec), then the two halves go through f16 -> f32. In order.
+    const hn::Repartition<int16_t, DF> d16;
+    const hn::Half<decltype(d16)> d16h;
+    const hn::Rebind<int8_t, decltype(d16)> d8;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto x = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const int8_t*>(p) + i));
+    const auto h = fp8_f16_bits<base_dtype(DT)>(x);
+    lo = hn::PromoteTo(d, hn::BitCast(dh, hn::LowerHalf(d16h, h)));
+    hi = hn::PromoteTo(d, hn::BitCast(dh, hn::UpperHalf(d16h, h)));
+#endif
   } else {
     lo = load_vec<DT>(p, i);
     hi = load_vec<DT>(p, i + static_cast<int>(hn::Lanes(d)));
@@ -1009,7 +1044,7 @@ HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const
     HWY_UNROLL(4)
     for (int j = 0; j < R; ++j) a[b][j] = hn::Zero(d);
   }
-  if constexpr (DT == kBF16Pairs) {
+  if constexpr (is_pairs(DT)) {
     for (int i = 0; i < D; i += 2 * N) {
       hn::Vec<DF> q0[R], q1[R];
       HWY_UNROLL(4)
@@ -1116,8 +1151,8 @@ HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* 
     hn::Vec<DF> pj[R];
     HWY_UNROLL(4)
     for (int j = 0; j < R; ++j) pj[j] = hn::Set(d, p[j * kKeyTile + k]);
-    if constexpr (DT == kBF16Pairs) {
-      static_assert(CH % 2 == 0, "bf16 pairs come two chunks at a time");
+    if constexpr (is_pairs(DT)) {
+      static_assert(CH % 2 == 0, "pairs come two chunks at a time");
       HWY_UNROLL(4)
       for (int c = 0; c < CH; c += 2) {
         hn::Vec<DF> v0, v1;
@@ -1163,7 +1198,7 @@ HWY_INLINE void acc_group(float* HWY_RESTRICT acc, int D, const float* HWY_RESTR
   int i0 = 0;
   for (; i0 + CH * N <= D; i0 += CH * N)
     acc_chunks<DT, R, CH>(acc, D, i0, p, vp, nk, pf, off);
-  if constexpr (DT == kBF16Pairs) {
+  if constexpr (is_pairs(DT)) {
     for (; i0 < D; i0 += 2 * N)
       acc_chunks<DT, R, 2>(acc, D, i0, p, vp, nk, pf, off);
   } else if constexpr (is_fp8_quads(DT)) {
@@ -1181,7 +1216,7 @@ HWY_INLINE int64_t in_calls(bool score, int rows, int D, int nk) {
   if (score) return static_cast<int64_t>(groups) * (nk / kScoreKeys + nk % kScoreKeys);
   const int N = static_cast<int>(hn::Lanes(DF()));
   const int whole = D / (kAccChunks * N), rest = D % (kAccChunks * N);
-  const int passes = whole + (DT == kBF16Pairs ? rest / (2 * N) : (is_fp8_quads(DT) ? 0 : rest / N));
+  const int passes = whole + (is_pairs(DT) ? rest / (2 * N) : (is_fp8_quads(DT) ? 0 : rest / N));
   return static_cast<int64_t>(groups) * passes * nk;
 }
 
@@ -2307,6 +2342,8 @@ void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
   } else {
     const bool fp8_quads =
         PA_FP8_QUADS && it.head_size % (4 * static_cast<int>(hn::Lanes(DF()))) == 0;
+    const bool fp8_pairs =
+        PA_FP8_PAIRS && it.head_size % (2 * static_cast<int>(hn::Lanes(DF()))) == 0;
     switch (it.kv.dtype) {
       case PAGEDATTN_DTYPE_FLOAT32: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT32>(it, sc); break;
       case PAGEDATTN_DTYPE_FLOAT16: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT16>(it, sc); break;
@@ -2318,12 +2355,14 @@ void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
         }
         break;
       case PAGEDATTN_DTYPE_FP8_E4M3:
-        fp8_quads ? AttentionItemDot<kE4M3Quads>(it, sc)
-                  : AttentionItemDot<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc);
+        fp8_quads   ? AttentionItemDot<kE4M3Quads>(it, sc)
+        : fp8_pairs ? AttentionItemDot<kE4M3Pairs>(it, sc)
+                    : AttentionItemDot<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc);
         break;
       case PAGEDATTN_DTYPE_FP8_E5M2:
-        fp8_quads ? AttentionItemDot<kE5M2Quads>(it, sc)
-                  : AttentionItemDot<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc);
+        fp8_quads   ? AttentionItemDot<kE5M2Quads>(it, sc)
+        : fp8_pairs ? AttentionItemDot<kE5M2Pairs>(it, sc)
+                    : AttentionItemDot<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc);
         break;
       default: AttentionItemDot<-1>(it, sc); break;
     }
@@ -2332,8 +2371,8 @@ void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
 
 // The conversions as the kernels run them, for the exhaustive conversion test: in registers one
 // vector at a time (mode 0; fp8 unscaled, as load_fp8), through load_row with scale 1 (mode 1),
-// or in registers 4N at a time as the fp8 quad path reads them (mode 2; one vector at a time
-// where this target has no quad path or n is not a multiple of 4N).
+// or in registers as the fp8 chunk paths read them: 4N at a time (quads) or 2N (pairs), whichever
+// this target has (mode 2; one vector at a time where it has neither or n is not a multiple).
 template <int DT>
 HWY_INLINE void convert_vecs(const void* src, float* dst, int n, bool quads) {
   const DF d;
@@ -2345,6 +2384,20 @@ HWY_INLINE void convert_vecs(const void* src, float* dst, int n, bool quads) {
         hn::Vec<DF> v[4];
         load_fp8_quad<DT>(src, i, v);
         for (int c = 0; c < 4; ++c) hn::StoreU(v[c], d, dst + i + c * N);
+      }
+      return;
+    }
+  }
+#endif
+#if PA_FP8_PAIRS
+  if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3 || DT == PAGEDATTN_DTYPE_FP8_E5M2) {
+    if (quads && n % (2 * N) == 0) {
+      constexpr int kPairs = DT == PAGEDATTN_DTYPE_FP8_E4M3 ? kE4M3Pairs : kE5M2Pairs;
+      for (int i = 0; i < n; i += 2 * N) {
+        hn::Vec<DF> lo, hi;
+        load_pair<kPairs>(src, i, lo, hi);
+        hn::StoreU(lo, d, dst + i);
+        hn::StoreU(hi, d, dst + i + N);
       }
       return;
     }

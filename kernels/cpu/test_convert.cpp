@@ -162,7 +162,7 @@ int main() {
       }
       for (int mode = 0; mode < 3; ++mode) {
         const bool tile = mode == 1;
-        static const char* const kModeName[] = {"register", "tile", "quads"};
+        static const char* const kModeName[] = {"register", "tile", "chunks"};
         // Poisoned output: a lane the conversion skipped cannot pass.
         std::vector<float> dst(static_cast<size_t>(c.count), pa_cpu::bits_f32(0x7FBADBADu));
         pa_cpu::convert_for_test(target.index, c.dt, mode, src.data(), dst.data(), c.count);
