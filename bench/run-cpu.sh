@@ -36,6 +36,11 @@ target=AVX3_DL
 run decode-bf16-avx3dl --mode decode --batch 16 --context 4096 $common --dtype bf16 --baseline-iters 0
 run decode-fp8-avx3dl  --mode decode --batch 16 --context 4096 $common --dtype bf16 \
                        --cache-dtype fp8_e4m3 --baseline-iters 0
+# And on the AVX2 target: what a CPU without AVX-512 runs (its kernels, on this CPU's cores).
+target=AVX2
+run decode-bf16-avx2 --mode decode --batch 16 --context 4096 $common --dtype bf16 --baseline-iters 0
+run decode-fp8-avx2  --mode decode --batch 16 --context 4096 $common --dtype bf16 \
+                     --cache-dtype fp8_e4m3 --baseline-iters 0
 target=
 # GQA groups that are not a multiple of 4 (24/8: Llama 3.2 3B; 40/8: Qwen2.5 14B).
 run decode-bf16-24x8 --mode decode --batch 16 --context 4096 --heads 24 --kv-heads 8 --head-size 128 \
