@@ -2295,6 +2295,21 @@ bool MultiHeadDecodeOk(const AttnItem& it, bool dp) {
   return it.kv.table != nullptr && dot_in_registers(it);
 }
 
+// An fp8 cache row in the widest chunks this target reads it in: 4 vectors (AVX3 byte lookups),
+// 2 (AVX2 widening 16 bytes at once), else one at a time.
+template <int DT>
+void AttentionItemFp8(const AttnItem& it, Scratch* sc) {
+  const int N = static_cast<int>(hn::Lanes(DF()));
+  constexpr bool kE4M3 = DT == PAGEDATTN_DTYPE_FP8_E4M3;
+  if (PA_FP8_QUADS && it.head_size % (4 * N) == 0) {
+    AttentionItemDot<kE4M3 ? kE4M3Quads : kE5M2Quads>(it, sc);
+  } else if (PA_FP8_PAIRS && it.head_size % (2 * N) == 0) {
+    AttentionItemDot<kE4M3 ? kE4M3Pairs : kE5M2Pairs>(it, sc);
+  } else {
+    AttentionItemDot<DT>(it, sc);
+  }
+}
+
 void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
   if (it.kv_heads > 1 && !MultiHeadDecodeOk(it, dp)) {
     // Not a path that reads several heads at once: one KV head at a time (rows stay in order).
@@ -2340,10 +2355,6 @@ void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
   } else if (it.head_size % static_cast<int>(hn::Lanes(DF())) != 0) {
     AttentionItemDot<-1>(it, sc);
   } else {
-    const bool fp8_quads =
-        PA_FP8_QUADS && it.head_size % (4 * static_cast<int>(hn::Lanes(DF()))) == 0;
-    const bool fp8_pairs =
-        PA_FP8_PAIRS && it.head_size % (2 * static_cast<int>(hn::Lanes(DF()))) == 0;
     switch (it.kv.dtype) {
       case PAGEDATTN_DTYPE_FLOAT32: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT32>(it, sc); break;
       case PAGEDATTN_DTYPE_FLOAT16: AttentionItemDot<PAGEDATTN_DTYPE_FLOAT16>(it, sc); break;
@@ -2354,16 +2365,8 @@ void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
           AttentionItemDot<PAGEDATTN_DTYPE_BFLOAT16>(it, sc);
         }
         break;
-      case PAGEDATTN_DTYPE_FP8_E4M3:
-        fp8_quads   ? AttentionItemDot<kE4M3Quads>(it, sc)
-        : fp8_pairs ? AttentionItemDot<kE4M3Pairs>(it, sc)
-                    : AttentionItemDot<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc);
-        break;
-      case PAGEDATTN_DTYPE_FP8_E5M2:
-        fp8_quads   ? AttentionItemDot<kE5M2Quads>(it, sc)
-        : fp8_pairs ? AttentionItemDot<kE5M2Pairs>(it, sc)
-                    : AttentionItemDot<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc);
-        break;
+      case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemFp8<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc); break;
+      case PAGEDATTN_DTYPE_FP8_E5M2: AttentionItemFp8<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc); break;
       default: AttentionItemDot<-1>(it, sc); break;
     }
   }
@@ -2374,12 +2377,12 @@ void AttentionItem(const AttnItem& it, Scratch* sc, bool dp) {
 // or in registers as the fp8 chunk paths read them: 4N at a time (quads) or 2N (pairs), whichever
 // this target has (mode 2; one vector at a time where it has neither or n is not a multiple).
 template <int DT>
-HWY_INLINE void convert_vecs(const void* src, float* dst, int n, bool quads) {
+HWY_INLINE void convert_vecs(const void* src, float* dst, int n, bool chunks) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
 #if PA_FP8_QUADS
   if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3 || DT == PAGEDATTN_DTYPE_FP8_E5M2) {
-    if (quads && n % (4 * N) == 0) {
+    if (chunks && n % (4 * N) == 0) {
       for (int i = 0; i < n; i += 4 * N) {
         hn::Vec<DF> v[4];
         load_fp8_quad<DT>(src, i, v);
@@ -2391,7 +2394,7 @@ HWY_INLINE void convert_vecs(const void* src, float* dst, int n, bool quads) {
 #endif
 #if PA_FP8_PAIRS
   if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3 || DT == PAGEDATTN_DTYPE_FP8_E5M2) {
-    if (quads && n % (2 * N) == 0) {
+    if (chunks && n % (2 * N) == 0) {
       constexpr int kPairs = DT == PAGEDATTN_DTYPE_FP8_E4M3 ? kE4M3Pairs : kE5M2Pairs;
       for (int i = 0; i < n; i += 2 * N) {
         hn::Vec<DF> lo, hi;
@@ -2403,7 +2406,7 @@ HWY_INLINE void convert_vecs(const void* src, float* dst, int n, bool quads) {
     }
   }
 #endif
-  (void)quads;
+  (void)chunks;
   for (int i = 0; i + N <= n; i += N) hn::StoreU(load_vec<DT>(src, i), d, dst + i);
 }
 
@@ -2419,12 +2422,12 @@ void ConvertForTest(pagedattn_dtype dt, int mode, const void* src, float* dst, i
 #endif
     return;
   }
-  const bool quads = mode == 2;
+  const bool chunks = mode == 2;
   switch (dt) {
-    case PAGEDATTN_DTYPE_FLOAT16: convert_vecs<PAGEDATTN_DTYPE_FLOAT16>(src, dst, n, quads); break;
-    case PAGEDATTN_DTYPE_BFLOAT16: convert_vecs<PAGEDATTN_DTYPE_BFLOAT16>(src, dst, n, quads); break;
-    case PAGEDATTN_DTYPE_FP8_E4M3: convert_vecs<PAGEDATTN_DTYPE_FP8_E4M3>(src, dst, n, quads); break;
-    case PAGEDATTN_DTYPE_FP8_E5M2: convert_vecs<PAGEDATTN_DTYPE_FP8_E5M2>(src, dst, n, quads); break;
+    case PAGEDATTN_DTYPE_FLOAT16: convert_vecs<PAGEDATTN_DTYPE_FLOAT16>(src, dst, n, chunks); break;
+    case PAGEDATTN_DTYPE_BFLOAT16: convert_vecs<PAGEDATTN_DTYPE_BFLOAT16>(src, dst, n, chunks); break;
+    case PAGEDATTN_DTYPE_FP8_E4M3: convert_vecs<PAGEDATTN_DTYPE_FP8_E4M3>(src, dst, n, chunks); break;
+    case PAGEDATTN_DTYPE_FP8_E5M2: convert_vecs<PAGEDATTN_DTYPE_FP8_E5M2>(src, dst, n, chunks); break;
     default: break;
   }
 }

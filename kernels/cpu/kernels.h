@@ -141,10 +141,10 @@ void attention_merge_parts(uint32_t target_index, const AttnItem& item, int n,
 /* Converts n cache elements of dtype dt (n a multiple of 64) to float32 as the attention kernels
  * do: mode 0 in registers one vector at a time (fp8 unscaled, e4m3 times 2^-8), mode 1 into a K/V
  * tile with scale 1, mode 2 in registers as the fp8 decode path reads whole chunks of them
- * (AVX3_DL: 4 vectors by byte lookups; AVX2: 2 vectors widened at once; elsewhere as
- * mode 0), mode 3 (fp8 only, the
- * AVX3_DL target on a CPU with AVX512_BF16) through bf16 as the dot-product decode reads them,
- * exact and unscaled; other targets leave dst alone. For the exhaustive conversion test. */
+ * (AVX3_DL: 4 vectors by byte lookups; AVX2: 2 vectors widened at once; elsewhere as mode 0),
+ * mode 3 (fp8 only, the AVX3_DL target on a CPU with AVX512_BF16) through bf16 as the
+ * dot-product decode reads them, exact and unscaled; other targets leave dst alone. For the
+ * exhaustive conversion test. */
 void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const void* src,
                       float* dst, int n);
 
