@@ -1804,30 +1804,75 @@ constexpr int dp_pv_groups(int D) {
   return dp_fp8(DT) ? (D + 63) / 64 : D / 64 + (D % 64 >= 32) + (D % 32 != 0);
 }
 
+// exp(x) as 2^n 2^f, n = round(x log2 e), f in [-1/2, 1/2]: 2^f by a degree-5 polynomial
+// (minimax for relative error, 1.6e-7, about an f32 ulp; x log2 e itself is rounded, which adds
+// |x| 1e-7 relative: 2e-6 at x = -20, below which the weight is < 2e-9), 2^n by vscalefps, which
+// underflows to 0 as Exp does. 10 instructions against Highway's ~20: the weights are rounded to
+// bf16 (2^-9) right after, which is why the last digits of f32 need not be worked for.
+PA_DP_ATTR HWY_INLINE __m512 dp_exp(__m512 x) {
+  // Clamped below (-inf gives 0, as Exp does; NaN stays NaN: vmaxps returns its second operand).
+  const __m512 t = _mm512_max_ps(_mm512_set1_ps(-200.0f),
+                                 _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(0.001327647129073739f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.009675540961325169f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.05550713092088699f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022120237350464f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931469440460205f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0000001192092896f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Adds the rows' vector partial sums lv into l and clears them (before l is read or rescaled
+// by anything but dp_softmax_full).
+PA_DP_ATTR HWY_INLINE void dp_fold_l(Scratch* sc, int rows) {
+  for (int r = 0; r < rows; ++r) {
+    sc->l[r] += _mm512_reduce_add_ps(_mm512_load_ps(sc->lv + 16 * r));
+    _mm512_store_ps(sc->lv + 16 * r, _mm512_setzero_ps());
+  }
+}
+
 // softmax_tile's bf16-weight pass for a tile that every row sees whole, with no soft cap or ALiBi
 // (most tiles of a decode), in registers: scale, max, online-softmax update, exp, and the weights
 // rounded to bf16 straight into p16 (kKeyTile = 32 of them per row: two vectors). l adds up the
-// rounded weights, as softmax_tile's does, so P.V divides by exactly the weights it used.
+// rounded weights, as softmax_tile's does, so P.V divides by exactly the weights it used; it does
+// so in the 16 lanes of lv (dp_fold_l sums them), and the tile's maximum reaches every lane by
+// shuffles, so a row takes no horizontal sum and no scalar round trip unless its maximum grows.
 static_assert(kKeyTile == 32, "dp_softmax_full holds a row's scores in two vectors");
 PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows, int D,
                                            float sfac) {
-  const DF d;
   const __m512 vf = _mm512_set1_ps(sfac);
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int r = 0; r < rows; ++r) {
     const float* s = sc->s + r * kKeyTile;
     const __m512 s0 = _mm512_mul_ps(_mm512_load_ps(s), vf);
     const __m512 s1 = _mm512_mul_ps(_mm512_load_ps(s + 16), vf);
-    const float mt = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
-    const __m512 vm = _mm512_set1_ps(raise_max(sc, r, mt, D));
-    const __m512 p0 = hn::Exp(d, hn::Vec<DF>{_mm512_sub_ps(s0, vm)}).raw;
-    const __m512 p1 = hn::Exp(d, hn::Vec<DF>{_mm512_sub_ps(s1, vm)}).raw;
+    __m512 mx = _mm512_max_ps(s0, s1);
+    mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0x4E));
+    mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0xB1));
+    mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0x4E));
+    mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0xB1));
+    const float mold = sc->m[r];
+    const __m512 vm = _mm512_max_ps(mx, _mm512_set1_ps(mold));
+    float* lv = sc->lv + 16 * r;
+    __m512 lsum = _mm512_load_ps(lv);
+    const float mt = _mm512_cvtss_f32(mx);
+    if (mt > mold) {  // the row's maximum grows (rare after the first tiles): rescale its state
+      const float alpha = mold == -std::numeric_limits<float>::infinity() ? 0.0f : expf(mold - mt);
+      sc->l[r] *= alpha;
+      lsum = _mm512_mul_ps(lsum, _mm512_set1_ps(alpha));
+      scale_row(sc->acc + static_cast<size_t>(r) * D, alpha, D);
+      sc->m[r] = mt;
+    }
+    const __m512 p0 = dp_exp(_mm512_sub_ps(s0, vm));
+    const __m512 p1 = dp_exp(_mm512_sub_ps(s1, vm));
     const __m512i pb = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
     _mm512_store_si512(p16 + r * kKeyTile, pb);
     // Back to float32: each dword holds two weights, the low one (<< 16) and the high one.
     const __m512 w = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pb, 16)),
                                    _mm512_castsi512_ps(_mm512_and_si512(pb, hi_mask)));
-    sc->l[r] += _mm512_reduce_add_ps(w);
+    _mm512_store_ps(lv, _mm512_add_ps(lsum, w));
   }
 }
 
@@ -1913,6 +1958,7 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     sc->m[r] = kNegInf;
     sc->l[r] = 0.0f;
   }
+  for (int r = 0; r < rows; ++r) _mm512_store_ps(sc->lv + 16 * r, _mm512_setzero_ps());
 
   const int64_t kbeg = std::max(it.key0, item_row_lo(it, 0));
   const int64_t kend = std::min(it.key1, item_row_hi(it, ntok - 1) + 1);
@@ -1986,6 +2032,7 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     if (full) {
       dp_softmax_full(sc, p16, rows, Dq, sfac);
     } else {
+      dp_fold_l(sc, rows);  // softmax_tile reads and rescales l
       if (!softmax_tile(it, sc, kt0, nk, plain, Dq, sfac, true)) {
         pf.flush();
         continue;
@@ -2016,6 +2063,7 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     pf.flush();
   }
 
+  dp_fold_l(sc, rows);
   // Back to natural dim order (and the V scale of fp8), then the output pass.
   const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
   for (int r = 0; r < rows; ++r) {
@@ -2209,7 +2257,8 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
           const int k = 2 * kk + e;
           __m512 p = _mm512_setzero_ps();
           if (k < nk) {
-            p = hn::Exp(d, hn::Sub(hn::Load(d, sc->s + static_cast<size_t>(k) * Rp + o), msafe)).raw;
+            p = dp_exp(_mm512_sub_ps(_mm512_load_ps(sc->s + static_cast<size_t>(k) * Rp + o),
+                                     msafe.raw));
             // Round to bf16 (to nearest even) so l sums exactly the weights P.V uses.
             const __m512i u = _mm512_castps_si512(p);
             const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));

@@ -70,6 +70,9 @@ struct Scratch {
   float s[kMaxRows * kKeyTile];
   float m[kMaxRows];
   float l[kMaxRows];
+  /* Per-row vector partial sums of l (16 lanes) of the dot-product decode's full tiles, added
+   * into l before anything else reads or rescales it. */
+  float lv[kMaxRows * 16];
   /* Per-row masking data of the row-vectorised path. */
   float alpha[kMaxRows];
   float posf[kMaxRows];
