@@ -1824,10 +1824,10 @@ PA_DP_ATTR HWY_INLINE __m512 dp_exp(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Adds the rows' vector partial sums lv into l and clears them (before l is read or rescaled
-// by anything but dp_softmax_full).
-PA_DP_ATTR HWY_INLINE void dp_fold_l(Scratch* sc, int rows) {
-  for (int r = 0; r < rows; ++r) {
+// Adds rows [r0, r1)' vector partial sums lv into l and clears them (before l is read or
+// rescaled by anything but dp_softmax_full's lane adds).
+PA_DP_ATTR HWY_INLINE void dp_fold_l(Scratch* sc, int r0, int r1) {
+  for (int r = r0; r < r1; ++r) {
     sc->l[r] += _mm512_reduce_add_ps(_mm512_load_ps(sc->lv + 16 * r));
     _mm512_store_ps(sc->lv + 16 * r, _mm512_setzero_ps());
   }
@@ -1855,16 +1855,12 @@ PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows,
     mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0xB1));
     const float mold = sc->m[r];
     const __m512 vm = _mm512_max_ps(mx, _mm512_set1_ps(mold));
-    float* lv = sc->lv + 16 * r;
-    __m512 lsum = _mm512_load_ps(lv);
     const float mt = _mm512_cvtss_f32(mx);
     if (mt > mold) {  // the row's maximum grows (rare after the first tiles): rescale its state
-      const float alpha = mold == -std::numeric_limits<float>::infinity() ? 0.0f : expf(mold - mt);
-      sc->l[r] *= alpha;
-      lsum = _mm512_mul_ps(lsum, _mm512_set1_ps(alpha));
-      scale_row(sc->acc + static_cast<size_t>(r) * D, alpha, D);
-      sc->m[r] = mt;
+      dp_fold_l(sc, r, r + 1);
+      raise_max(sc, r, mt, D);
     }
+    float* lv = sc->lv + 16 * r;
     const __m512 p0 = dp_exp(_mm512_sub_ps(s0, vm));
     const __m512 p1 = dp_exp(_mm512_sub_ps(s1, vm));
     const __m512i pb = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
@@ -1872,7 +1868,7 @@ PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows,
     // Back to float32: each dword holds two weights, the low one (<< 16) and the high one.
     const __m512 w = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32(pb, 16)),
                                    _mm512_castsi512_ps(_mm512_and_si512(pb, hi_mask)));
-    _mm512_store_ps(lv, _mm512_add_ps(lsum, w));
+    _mm512_store_ps(lv, _mm512_add_ps(_mm512_load_ps(lv), w));
   }
 }
 
@@ -1957,8 +1953,8 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     memset(sc->acc + static_cast<size_t>(r) * Dq, 0, sizeof(float) * static_cast<size_t>(Dq));
     sc->m[r] = kNegInf;
     sc->l[r] = 0.0f;
+    _mm512_store_ps(sc->lv + 16 * r, _mm512_setzero_ps());
   }
-  for (int r = 0; r < rows; ++r) _mm512_store_ps(sc->lv + 16 * r, _mm512_setzero_ps());
 
   const int64_t kbeg = std::max(it.key0, item_row_lo(it, 0));
   const int64_t kend = std::min(it.key1, item_row_hi(it, ntok - 1) + 1);
@@ -2032,7 +2028,7 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     if (full) {
       dp_softmax_full(sc, p16, rows, Dq, sfac);
     } else {
-      dp_fold_l(sc, rows);  // softmax_tile reads and rescales l
+      dp_fold_l(sc, 0, rows);  // softmax_tile reads and rescales l
       if (!softmax_tile(it, sc, kt0, nk, plain, Dq, sfac, true)) {
         pf.flush();
         continue;
@@ -2063,7 +2059,7 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     pf.flush();
   }
 
-  dp_fold_l(sc, rows);
+  dp_fold_l(sc, 0, rows);
   // Back to natural dim order (and the V scale of fp8), then the output pass.
   const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
   for (int r = 0; r < rows; ++r) {
