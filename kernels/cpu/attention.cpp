@@ -2203,17 +2203,20 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   const WideRows wr = wide_rows(it, sc, Rp);
   const int64_t kbeg = wr.kbeg, kend = wr.kend;
   const int32_t max_lo = wr.max_lo, min_hi = wr.min_hi;
-  // qT2 (bf16 pairs of dims; the scale goes on the scores) and accT, zero padded.
+  // qT2 (bf16 pairs of dims; the scale goes on the scores) and accT, zero padded. fp8 K rows stay
+  // in the lookup's dim order (dp_q_dim_fp8), so q's pairs are taken in that order too.
   memset(qT2, 0, sizeof(uint32_t) * static_cast<size_t>(D / 2) * Rp);
   memset(accT, 0, sizeof(float) * static_cast<size_t>(Dw) * Rp);
   float row[kMaxHeadSize];
+  auto qdim = [](int x) { return dp_fp8(DT) ? (x & ~63) + dp_q_dim_fp8(x & 63) : x; };
   for (int r = 0; r < rows; ++r) {
     const int t = r / nh, g = r % nh;
     const char* qp = item_q(it, t, g);
     load_row(qp, it.dtype, 1.0f, row, D);
     for (int x2 = 0; x2 < D / 2; ++x2)
-      qT2[static_cast<size_t>(x2) * Rp + r] = static_cast<uint32_t>(f32_to_bf16(row[2 * x2])) |
-                                              static_cast<uint32_t>(f32_to_bf16(row[2 * x2 + 1])) << 16;
+      qT2[static_cast<size_t>(x2) * Rp + r] =
+          static_cast<uint32_t>(f32_to_bf16(row[qdim(2 * x2)])) |
+          static_cast<uint32_t>(f32_to_bf16(row[qdim(2 * x2 + 1)])) << 16;
   }
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
   const float sfac = it.scale * (dp_fp8(DT) ? it.kv.k_scale : 1.0f);
@@ -2231,13 +2234,10 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
       if constexpr (dp_fp8(DT)) {
         uint16_t* dst = kb16 + static_cast<size_t>(k) * D;
         for (int x = 0; x < D; x += 64) {
-          __m512i w[2];
-          fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k]) + x), w[0], w[1]);
-          // Natural order for the dim pairs of qT2: undo the lookup's interleave.
-          alignas(64) uint16_t words[64];
-          _mm512_store_si512(words, w[0]);
-          _mm512_store_si512(words + 32, w[1]);
-          for (int y = 0; y < 64; ++y) dst[x + dp_q_dim_fp8(y)] = words[y];
+          __m512i w0, w1;
+          fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k]) + x), w0, w1);
+          _mm512_storeu_si512(dst + x, w0);  // lookup order, as qT2's pairs
+          _mm512_storeu_si512(dst + x + 32, w1);
         }
         krow[k] = dst;
       } else {
