@@ -4,7 +4,8 @@
 // products are oneDNN matmul primitives: S = Q K^T on a (query tile x GQA group) x key tile, the
 // masked online softmax in our own Highway code (softmax_tile.cpp), then O += P V with a sum
 // post-op. bf16 operands (f32 accumulate) where the CPU has native bf16 and the inputs are bf16,
-// f32 otherwise. Rows of shorter sequences (decode, short chunks) go to an embedded CPU backend
+// f32 otherwise. Rows of shorter sequences (decode, short chunks), and whole steps over an fp8
+// cache where the CPU kernels have bf16 dot products, go to an embedded CPU backend
 // (lib/cpu), so they are planned and split exactly as on `cpu`; cache writes, copies and merges
 // reuse the CPU kernels (kernels/cpu). Threads: our own pool (pool.h), each worker running
 // primitives single-threaded, and the embedded backend's pool (both sleep when idle).
@@ -544,6 +545,11 @@ struct SeqSplit {
   int nt;   // token tiles
 };
 
+bool fp8_cache(const pa_cache* c) {
+  return c != nullptr &&
+         (c->dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c->dtype == PAGEDATTN_DTYPE_FP8_E5M2);
+}
+
 SeqSplit split_of(const Backend* b, int ql, int G, int Hkv, int64_t* items) {
   SeqSplit s;
   s.hc = std::min(G, kMaxM);
@@ -559,9 +565,13 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   const pa_batch& bt = *a->batch;
   auto* w = static_cast<BatchWork*>(bt.backend_data);
   const pa_backend_ops* cpu = pa_cpu_backend_ops();
-  if (bt.max_query_len < b->min_query) {
-    // No oneDNN rows (decode, short chunks): the whole step, cache write included, on the
-    // embedded CPU backend, which takes its own plan's lock.
+  // An fp8 cache where the CPU kernels have the bf16 dot products: they convert fp8 in registers
+  // and ran 1.2-2.1x faster than these tiles at 64-2048 tokens, level within the noise at 16
+  // (RESULTS.md, "Rule for auto"), so such steps run there whole, as decode steps do.
+  const bool fp8_on_cpu = fp8_cache(a->cache) && b->target.bf16_dp && a->head_size % 64 == 0;
+  if (bt.max_query_len < b->min_query || fp8_on_cpu) {
+    // No oneDNN rows (decode, short chunks, fp8 caches above): the whole step, cache write
+    // included, on the embedded CPU backend, which takes its own plan's lock.
     pa_batch view = bt;
     view.backend_data = w->cpu_plan;
     pa_forward_args args = *a;
@@ -624,8 +634,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   }
   w->prefix[bt.num_seqs] = total;
   const pa_cache* c = a->cache;
-  const bool fp8 = c != nullptr && (c->dtype == PAGEDATTN_DTYPE_FP8_E4M3 ||
-                                    c->dtype == PAGEDATTN_DTYPE_FP8_E5M2);
+  const bool fp8 = fp8_cache(c);
   const bool bf16 = b->bf16 && a->q.dtype == PAGEDATTN_DTYPE_BFLOAT16;
   std::atomic<int> failed{0};
   std::string err;
