@@ -2080,8 +2080,8 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
 HWY_INLINE bool dp_wide_eligible(const AttnItem& it) {
   if (it.head_size > kMaxHeadSize) return false;
   // bf16: any even head size; P.V pads the last group of 32 dims with zeros (dpw_width). D 80,
-  // one thread, in cache: 70-75 -> 107-117 GFLOP/s. fp8 keeps whole groups of 64: padded the
-  // same way, D 80 and 96 ran 0.75-1.06x the f32 path they take instead.
+  // 2048-token prefill, one thread: 70-75 -> 107-117 GFLOP/s. fp8 keeps whole groups of 64:
+  // padded the same way, D 80 and 96 ran 0.75-1.06x the f32 path they take instead.
   if (it.kv.dtype == PAGEDATTN_DTYPE_BFLOAT16)
     return it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && it.head_size % 2 == 0;
   return (it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2) &&
