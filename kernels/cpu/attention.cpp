@@ -2078,21 +2078,19 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
 
 // Dot-product wide path eligibility: the decode path's dtype rules, any row count up to kMaxRows.
 HWY_INLINE bool dp_wide_eligible(const AttnItem& it) {
-  if (it.head_size > kMaxHeadSize) return false;
-  // bf16: any even head size; P.V pads the last group of 32 dims with zeros (dpw_width). D 80,
-  // 2048-token prefill, one thread: 70-75 -> 107-117 GFLOP/s. fp8 keeps whole groups of 64:
-  // padded the same way, D 80 and 96 ran 0.75-1.06x the f32 path they take instead.
-  if (it.kv.dtype == PAGEDATTN_DTYPE_BFLOAT16)
-    return it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && it.head_size % 2 == 0;
-  return (it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2) &&
-         it.head_size % 64 == 0;
+  // Any even head size: the last group of dims (bf16 32, fp8 64) is padded with zeros
+  // (dpw_width). One thread against the f32 path: bf16 D 80 70-75 -> 107-117 GFLOP/s; fp8
+  // D 40-200 1.1-1.6x, D 8 level.
+  if (it.head_size > kMaxHeadSize || it.head_size % 2 != 0) return false;
+  if (it.kv.dtype == PAGEDATTN_DTYPE_BFLOAT16) return it.dtype == PAGEDATTN_DTYPE_BFLOAT16;
+  return it.kv.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || it.kv.dtype == PAGEDATTN_DTYPE_FP8_E5M2;
 }
 
-// The wide path's accumulator width: bf16 rounds D up to whole groups of 32 dims (the padding
-// positions accumulate zeros); fp8 heads are whole groups of 64 already.
+// The wide path's accumulator width: D rounded up to whole groups of P.V pairs (bf16 32 dims,
+// fp8 64); the padding positions accumulate zeros.
 template <int DT>
 constexpr int dpw_width(int D) {
-  return dp_fp8(DT) ? D : (D + 31) / 32 * 32;
+  return dp_fp8(DT) ? (D + 63) / 64 * 64 : (D + 31) / 32 * 32;
 }
 
 // s[k][rv0*16 ...] = sum over dims of qT2 . k for 4 keys from k0 and RB row vectors from rv0.
@@ -2149,8 +2147,8 @@ PA_DP_ATTR HWY_INLINE void dpw_accumulate(float* HWY_RESTRICT accT, const uint32
 
 // Interleaves the V rows of keys (2kk, 2kk + 1) into vt2[kk][x] dword pairs, x in accumulator
 // order (dp_dim), for kk < npair; a missing odd key reads the zero row. Rows are dpw_width(D)
-// long: a bf16 head that ends inside its last group is read masked (no load leaves the row)
-// and pairs zeros past its end.
+// long: a head that ends inside its last group is read masked (no load leaves the row) and
+// pairs zeros past its end.
 template <int DT>
 PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, uint32_t* vt2,
                                        const Fp8Lut& L) {
@@ -2170,8 +2168,10 @@ PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, 
     } else {
       const uint8_t* v0 = static_cast<const uint8_t*>(vp[2 * kk]);
       const uint8_t* v1 = static_cast<const uint8_t*>(vp[2 * kk + 1]);
-      for (int x = 0; x < D; x += 64) {
-        const __m512i x0 = _mm512_loadu_si512(v0 + x), x1 = _mm512_loadu_si512(v1 + x);
+      for (int x = 0; x < Dw; x += 64) {
+        const __mmask64 m = x + 64 <= D ? ~0ull : static_cast<__mmask64>((1ull << (D - x)) - 1ull);
+        const __m512i x0 = _mm512_maskz_loadu_epi8(m, v0 + x);
+        const __m512i x1 = _mm512_maskz_loadu_epi8(m, v1 + x);
         __m512i w[4];
         fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w[0], w[1]);
         fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w[2], w[3]);
@@ -2191,6 +2191,9 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   const int Rp = (rows + 15) / 16 * 16;
   const int Rv = Rp / 16;
   const int Dw = dpw_width<DT>(D);  // accumulator positions: D, then zero padding
+  // Dims the scores run over: bf16 K rows are read in place (D); converted fp8 rows are Dw long,
+  // in the lookup's order, which mixes the padding of the last group with real dims.
+  const int Ds = dp_fp8(DT) ? Dw : D;
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
   // Scratch: qT2 in q; accT in acc; K as bf16 rows (fp8 only) and the weight pairs in kt; V
   // pairs in vt.
@@ -2205,7 +2208,7 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   const int32_t max_lo = wr.max_lo, min_hi = wr.min_hi;
   // qT2 (bf16 pairs of dims; the scale goes on the scores) and accT, zero padded. fp8 K rows stay
   // in the lookup's dim order (dp_q_dim_fp8), so q's pairs are taken in that order too.
-  memset(qT2, 0, sizeof(uint32_t) * static_cast<size_t>(D / 2) * Rp);
+  memset(qT2, 0, sizeof(uint32_t) * static_cast<size_t>(Ds / 2) * Rp);
   memset(accT, 0, sizeof(float) * static_cast<size_t>(Dw) * Rp);
   float row[kMaxHeadSize];
   auto qdim = [](int x) { return dp_fp8(DT) ? (x & ~63) + dp_q_dim_fp8(x & 63) : x; };
@@ -2213,10 +2216,12 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
     const int t = r / nh, g = r % nh;
     const char* qp = item_q(it, t, g);
     load_row(qp, it.dtype, 1.0f, row, D);
-    for (int x2 = 0; x2 < D / 2; ++x2)
+    for (int x2 = 0; x2 < Ds / 2; ++x2) {
+      const int d0 = qdim(2 * x2), d1 = qdim(2 * x2 + 1);  // zero past the head
       qT2[static_cast<size_t>(x2) * Rp + r] =
-          static_cast<uint32_t>(f32_to_bf16(row[qdim(2 * x2)])) |
-          static_cast<uint32_t>(f32_to_bf16(row[qdim(2 * x2 + 1)])) << 16;
+          static_cast<uint32_t>(d0 < D ? f32_to_bf16(row[d0]) : 0) |
+          static_cast<uint32_t>(d1 < D ? f32_to_bf16(row[d1]) : 0) << 16;
+    }
   }
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
   const float sfac = it.scale * (dp_fp8(DT) ? it.kv.k_scale : 1.0f);
@@ -2232,10 +2237,11 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
     for (int k = nk; k < kKeyTile; ++k) kp[k] = vp[k] = kZeroRow;  // finite filler, weight 0
     for (int k = 0; k < nk4; ++k) {
       if constexpr (dp_fp8(DT)) {
-        uint16_t* dst = kb16 + static_cast<size_t>(k) * D;
-        for (int x = 0; x < D; x += 64) {
+        uint16_t* dst = kb16 + static_cast<size_t>(k) * Dw;
+        for (int x = 0; x < Dw; x += 64) {  // a head ending inside the last group: zeros past it
+          const __mmask64 m = x + 64 <= D ? ~0ull : static_cast<__mmask64>((1ull << (D - x)) - 1ull);
           __m512i w0, w1;
-          fp8_bf16(L, _mm512_loadu_si512(static_cast<const uint8_t*>(kp[k]) + x), w0, w1);
+          fp8_bf16(L, _mm512_maskz_loadu_epi8(m, static_cast<const uint8_t*>(kp[k]) + x), w0, w1);
           _mm512_storeu_si512(dst + x, w0);  // lookup order, as qT2's pairs
           _mm512_storeu_si512(dst + x + 32, w1);
         }
@@ -2247,11 +2253,11 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
     for (int k0 = 0; k0 < nk4; k0 += 4) {
       float* sk = sc->s + static_cast<size_t>(k0) * Rp;
       int rv = 0;
-      for (; rv + 4 <= Rv; rv += 4) dpw_scores<4>(qT2, krow + k0, D, Rp, rv, sk);
+      for (; rv + 4 <= Rv; rv += 4) dpw_scores<4>(qT2, krow + k0, Ds, Rp, rv, sk);
       switch (Rv - rv) {
-        case 3: dpw_scores<3>(qT2, krow + k0, D, Rp, rv, sk); break;
-        case 2: dpw_scores<2>(qT2, krow + k0, D, Rp, rv, sk); break;
-        case 1: dpw_scores<1>(qT2, krow + k0, D, Rp, rv, sk); break;
+        case 3: dpw_scores<3>(qT2, krow + k0, Ds, Rp, rv, sk); break;
+        case 2: dpw_scores<2>(qT2, krow + k0, Ds, Rp, rv, sk); break;
+        case 1: dpw_scores<1>(qT2, krow + k0, Ds, Rp, rv, sk); break;
         default: break;
       }
     }
