@@ -566,9 +566,10 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   auto* w = static_cast<BatchWork*>(bt.backend_data);
   const pa_backend_ops* cpu = pa_cpu_backend_ops();
   // An fp8 cache where the CPU kernels have the bf16 dot products: they convert fp8 in registers
-  // and ran 1.2-2.1x faster than these tiles at 64-2048 tokens, level within the noise at 16
-  // (RESULTS.md, "Rule for auto"), so such steps run there whole, as decode steps do.
-  const bool fp8_on_cpu = fp8_cache(a->cache) && b->target.bf16_dp && a->head_size % 64 == 0;
+  // and ran 1.2-2.1x faster than these tiles at 64-2048 tokens (D 128), level within the noise
+  // at 16, and 1.0-1.7x at D 80-112 (RESULTS.md, "Rule for auto"), so such steps run there
+  // whole, as decode steps do.
+  const bool fp8_on_cpu = fp8_cache(a->cache) && b->target.bf16_dp;
   if (bt.max_query_len < b->min_query || fp8_on_cpu) {
     // No oneDNN rows (decode, short chunks, fp8 caches above): the whole step, cache write
     // included, on the embedded CPU backend, which takes its own plan's lock.
