@@ -1628,10 +1628,19 @@ PA_DP_ATTR HWY_INLINE void dp_unpermute(const float* HWY_RESTRICT src, float* HW
   }
 }
 
-// The natural dim of q16 position x (within 64) as the fp8 scores read it: K's fp8_bf16 order.
+// The natural dim of q16 position x as the fp8 scores read it: K's fp8_bf16 order, which
+// permutes dims within each group of 64.
 HWY_INLINE int dp_q_dim_fp8(int x) {
-  const int v = x >> 5, w = x & 31;
-  return 16 * (w >> 3) + 8 * v + (w & 7);
+  const int v = (x >> 5) & 1, w = x & 31;
+  return (x & ~63) + 16 * (w >> 3) + 8 * v + (w & 7);
+}
+
+// Load masks of a group's first n elements (the whole group when n reaches its size).
+HWY_INLINE __mmask32 first_words(int n) {
+  return n >= 32 ? ~0u : static_cast<__mmask32>((1u << n) - 1u);
+}
+HWY_INLINE __mmask64 first_bytes(int n) {
+  return n >= 64 ? ~0ull : static_cast<__mmask64>((1ull << n) - 1ull);
 }
 
 // Accumulator slot of (row r, key b) in a block of R rows x 16/R keys, so that reduce16 leaves
@@ -1651,7 +1660,7 @@ PA_DP_ATTR HWY_INLINE void dp_score_chunk(const uint16_t* HWY_RESTRICT q16, int 
                                           const Fp8Lut& L, int64_t off, __m512* a) {
   constexpr int KB = 16 / R;
   if constexpr (!dp_fp8(DT)) {
-    const __mmask32 mask = Masked ? static_cast<__mmask32>((1u << n) - 1u) : 0;
+    const __mmask32 mask = Masked ? first_words(n) : 0;
     __m512i qv[R];
     HWY_UNROLL(4)
     for (int r = 0; r < R; ++r) qv[r] = _mm512_load_si512(q16 + r * Dq + i);
@@ -1668,7 +1677,7 @@ PA_DP_ATTR HWY_INLINE void dp_score_chunk(const uint16_t* HWY_RESTRICT q16, int 
   } else {
     // Two keys per load of q (KB is even), half the q loads; the same sums in the same order.
     // In cache 1.5-2% faster than one key per load (b1 x 2048, one thread).
-    const __mmask64 mask = Masked ? static_cast<__mmask64>((1ull << n) - 1ull) : 0;
+    const __mmask64 mask = Masked ? first_bytes(n) : 0;
     HWY_UNROLL(8)
     for (int b = 0; b < KB; b += 2) {
       const uint8_t* k0 = row_at<uint8_t>(kp[k + b], off) + i;
@@ -1734,8 +1743,8 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int Dq, int g,
                                         int nk, PfStream* pf, const Fp8Lut& L, int64_t off,
                                         int n = 0) {
   static_assert(!Masked || NV == (dp_fp8(DT) ? 4 : 2), "a masked group is one load per row");
-  const __mmask32 m16 = Masked && !dp_fp8(DT) ? static_cast<__mmask32>((1u << n) - 1u) : 0;
-  const __mmask64 m8 = Masked && dp_fp8(DT) ? static_cast<__mmask64>((1ull << n) - 1ull) : 0;
+  const __mmask32 m16 = Masked && !dp_fp8(DT) ? first_words(n) : 0;
+  const __mmask64 m8 = Masked && dp_fp8(DT) ? first_bytes(n) : 0;
   __m512 a[R][NV];
   HWY_UNROLL(4)
   for (int r = 0; r < R; ++r) {
@@ -1948,7 +1957,7 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     } else {
       load_row(qp, it.dtype, 1.0f, qf, D);
       memset(qf + D, 0, sizeof(float) * static_cast<size_t>(Dq - D));
-      for (int x = 0; x < Dq; ++x) qr[x] = f32_to_bf16(qf[(x & ~63) + dp_q_dim_fp8(x & 63)]);
+      for (int x = 0; x < Dq; ++x) qr[x] = f32_to_bf16(qf[dp_q_dim_fp8(x)]);
     }
     memset(sc->acc + static_cast<size_t>(r) * Dq, 0, sizeof(float) * static_cast<size_t>(Dq));
     sc->m[r] = kNegInf;
@@ -2159,7 +2168,7 @@ PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, 
       const uint16_t* v0 = static_cast<const uint16_t*>(vp[2 * kk]);
       const uint16_t* v1 = static_cast<const uint16_t*>(vp[2 * kk + 1]);
       for (int x = 0; x < Dw; x += 32) {
-        const __mmask32 m = x + 32 <= D ? ~0u : static_cast<__mmask32>((1u << (D - x)) - 1u);
+        const __mmask32 m = first_words(D - x);
         const __m512i x0 = _mm512_maskz_loadu_epi16(m, v0 + x);
         const __m512i x1 = _mm512_maskz_loadu_epi16(m, v1 + x);
         _mm512_store_si512(dst + x, _mm512_unpacklo_epi16(x0, x1));
@@ -2169,7 +2178,7 @@ PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, 
       const uint8_t* v0 = static_cast<const uint8_t*>(vp[2 * kk]);
       const uint8_t* v1 = static_cast<const uint8_t*>(vp[2 * kk + 1]);
       for (int x = 0; x < Dw; x += 64) {
-        const __mmask64 m = x + 64 <= D ? ~0ull : static_cast<__mmask64>((1ull << (D - x)) - 1ull);
+        const __mmask64 m = first_bytes(D - x);
         const __m512i x0 = _mm512_maskz_loadu_epi8(m, v0 + x);
         const __m512i x1 = _mm512_maskz_loadu_epi8(m, v1 + x);
         __m512i w[4];
@@ -2211,7 +2220,7 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   memset(qT2, 0, sizeof(uint32_t) * static_cast<size_t>(Ds / 2) * Rp);
   memset(accT, 0, sizeof(float) * static_cast<size_t>(Dw) * Rp);
   float row[kMaxHeadSize];
-  auto qdim = [](int x) { return dp_fp8(DT) ? (x & ~63) + dp_q_dim_fp8(x & 63) : x; };
+  auto qdim = [](int x) { return dp_fp8(DT) ? dp_q_dim_fp8(x) : x; };
   for (int r = 0; r < rows; ++r) {
     const int t = r / nh, g = r % nh;
     const char* qp = item_q(it, t, g);
@@ -2239,7 +2248,7 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
       if constexpr (dp_fp8(DT)) {
         uint16_t* dst = kb16 + static_cast<size_t>(k) * Dw;
         for (int x = 0; x < Dw; x += 64) {  // a head ending inside the last group: zeros past it
-          const __mmask64 m = x + 64 <= D ? ~0ull : static_cast<__mmask64>((1ull << (D - x)) - 1ull);
+          const __mmask64 m = first_bytes(D - x);
           __m512i w0, w1;
           fp8_bf16(L, _mm512_maskz_loadu_epi8(m, static_cast<const uint8_t*>(kp[k]) + x), w0, w1);
           _mm512_storeu_si512(dst + x, w0);  // lookup order, as qT2's pairs
