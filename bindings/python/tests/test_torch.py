@@ -57,3 +57,20 @@ def test_torch_wrap_and_refusals(be: pa.Backend) -> None:
     with pytest.raises(TypeError, match="__dlpack__"):
         pa.forward(be, batch, cache, 0, torch.zeros((1, 4, 64), requires_grad=True),
                    torch.zeros((1, 2, 64)), torch.zeros((1, 2, 64)))
+
+
+def test_bench_compare_torch_cpu_agrees() -> None:
+    """bench/compare_torch_cpu.py on small shapes: it runs through this binding, and exits 1
+    when our decode (bf16 and fp8 caches) or prefill disagrees with torch's attention."""
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench",
+                          "compare_torch_cpu.py")
+    r = subprocess.run([sys.executable, script, "--batch", "3", "--context", "100", "--heads", "8",
+                        "--kv-heads", "2", "--head-size", "64", "--prefill-seqs", "2",
+                        "--prefill-len", "70", "--rounds", "1", "--inner", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("agreement:") == 3 and "DISAGREES" not in r.stdout, r.stdout

@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""pagedattn's CPU backends side by side with PyTorch's CPU attention, same inputs, same process.
+
+What an engine on PyTorch does without a paged CPU kernel: gather the sequence's blocks through
+the block table into contiguous K/V (index_select; plainly, and into reused workspaces with one
+transposing copy, the fastest gather measured here), then attention: torch's
+scaled_dot_product_attention (SDPA), and for decode also a grouped bf16 matmul + float32
+softmax by hand (faster than SDPA's one-row path). The fp8 cache is converted to bfloat16 after
+the gather. As a lower bound for any non-paged engine, the hand decode is also timed on K/V that
+already lie contiguous (no gather at all).
+
+Cases (the shapes of issue 4's targets, all changeable by flags):
+  decode   batch 16 x context 4096, 32/8 heads, head size 128, block 16, bf16 and fp8 e4m3
+           caches (NHD, block tables shuffled, 268 MB of bf16 K/V: far beyond the L3)
+  prefill  4 x 2048 new tokens, causal, same heads, bf16
+
+Each timing is the median of --rounds rounds, every round running each contender --inner times
+in turn (ours, then torch, alternating, so a change in the host's state hits both). Outputs are
+compared (max |ours - torch| / max |torch|); the script exits 1 if they disagree beyond bf16's
+rounding. torch is not a dependency of the library: install it yourself (`pip install torch
+numpy` in a virtual environment) and run, from the repository root after a build:
+
+  PAGEDATTN_LIB_DIR=build/lib PYTHONPATH=bindings/python python3 bench/compare_torch_cpu.py
+
+--threads sets both torch's intra-op threads and our backend's workers (default 2). The rate
+column is the cache's K/V bytes over the time (decode; the same bytes for every contender,
+whatever it converts them to) or the causal half's FLOPs over the time (prefill).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import pagedattn as pa
+
+
+def median_ms(fns: dict, rounds: int, inner: int) -> dict:
+    """Runs every fn of `fns` inner times per round, contenders in turn; median/min of rounds."""
+    per = {k: [] for k in fns}
+    for fn in fns.values():  # warm-up: page faults, thread pools, oneDNN primitive caches
+        fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            per[name].append((time.perf_counter() - t0) * 1e3 / inner)
+    return {k: (statistics.median(v), min(v)) for k, v in per.items()}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+
+
+class Paged:
+    """One layer of a paged cache in torch memory, NHD [blocks, block_size, kv_heads, D]."""
+
+    def __init__(self, be, args, seqs: int, seq_len: int, cache_dtype: str, gen) -> None:
+        bs, hkv, d = args.block_size, args.kv_heads, args.head_size
+        self.bs, self.seq_len = bs, seq_len
+        per_seq = math.ceil(seq_len / bs)
+        nblocks = seqs * per_seq + 1
+        kf = torch.randn((nblocks, bs, hkv, d), generator=gen)
+        vf = torch.randn((nblocks, bs, hkv, d), generator=gen)
+        if cache_dtype == "fp8_e4m3":
+            self.k = kf.to(torch.float8_e4m3fn)
+            self.v = vf.to(torch.float8_e4m3fn)
+            self.cache = pa.KVCache.wrap(be, [self.k.view(torch.uint8)], [self.v.view(torch.uint8)],
+                                         dtype=pa.Dtype.FP8_E4M3)
+        else:
+            self.k = kf.to(torch.bfloat16)
+            self.v = vf.to(torch.bfloat16)
+            self.cache = pa.KVCache.wrap(be, [self.k], [self.v])
+        # Shuffled block tables, as a serving engine's allocator leaves them after a while.
+        perm = torch.randperm(nblocks, generator=gen)[: seqs * per_seq]
+        self.table = perm.view(seqs, per_seq).to(torch.int32)
+        self.flat = self.table.view(-1).to(torch.int64)
+
+    def gathered(self) -> tuple:
+        """[seqs, kv_heads, seq_len, D] bf16 K and V gathered through the table, the plain way
+        (fresh tensors each call; matmuls on the transposed views)."""
+        seqs = self.table.shape[0]
+        k = self.k.index_select(0, self.flat).view(seqs, -1, *self.k.shape[2:])[:, : self.seq_len]
+        v = self.v.index_select(0, self.flat).view(seqs, -1, *self.v.shape[2:])[:, : self.seq_len]
+        if k.dtype != torch.bfloat16:
+            k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def gather_into(self, ws: dict) -> tuple:
+        """The same, the fastest way measured here: into workspaces allocated once (no page
+        faults per step), then one copy to contiguous [seqs, kv_heads, seq_len, D] bf16 so the
+        matmuls run on contiguous operands (on the transposed views torch's bf16 matmul is ~10x
+        slower)."""
+        seqs, width = self.table.shape
+        out = []
+        for name, src in (("k", self.k), ("v", self.v)):
+            if name not in ws:
+                ws[name] = torch.empty((seqs * width, *src.shape[1:]), dtype=src.dtype)
+                ws[name + "t"] = torch.empty((seqs, src.shape[2], self.seq_len, src.shape[3]),
+                                             dtype=torch.bfloat16)
+            torch.index_select(src, 0, self.flat, out=ws[name])
+            rows = ws[name].view(seqs, width * self.bs, *src.shape[2:])[:, : self.seq_len]
+            ws[name + "t"].copy_(rows.transpose(1, 2))  # converts fp8 to bf16 on the way
+            out.append(ws[name + "t"])
+        return tuple(out)
+
+
+def grouped_bmm(q, k, v, scale: float):
+    """Decode by hand, the fastest torch formulation measured here: q [B, H, D] viewed as
+    [B, Hkv, group, D] so each K/V head is multiplied once for its group (bf16 matmuls), softmax
+    in float32. torch's SDPA runs decode (one query row) ~9x slower than this on this CPU."""
+    B, H, D = q.shape
+    qg = q.view(B, k.shape[1], H // k.shape[1], D)
+    s = torch.matmul(qg, k.transpose(-1, -2)).float() * scale
+    p = torch.softmax(s, dim=-1).to(torch.bfloat16)
+    return torch.matmul(p, v).view(B, H, D)
+
+
+def decode_case(be, args, cache_dtype: str, gen) -> dict:
+    B, ctx, H, D = args.batch, args.context, args.heads, args.head_size
+    paged = Paged(be, args, B, ctx, cache_dtype, gen)
+    # The decode token's K/V are in the cache already (write_kv off): every query reads ctx keys.
+    batch = pa.Batch(be, paged.cache, [1] * B, [ctx - 1] * B, paged.table)
+    q = torch.randn((B, H, D), generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(D)
+
+    def ours():
+        pa.forward(be, batch, paged.cache, 0, q, out=out, write_kv=False,
+                   num_kv_heads=args.kv_heads, scale=scale)
+
+    qt = q.unsqueeze(2)  # [B, H, 1, D]
+    kc, vc = paged.gathered()  # contiguous copies for the no-gather lower bound
+    kc, vc = kc.contiguous(), vc.contiguous()
+
+    def torch_gather_sdpa():
+        k, v = paged.gathered()
+        return F.scaled_dot_product_attention(qt, k, v, scale=scale, enable_gqa=True).squeeze(2)
+
+    ws: dict = {}
+
+    def torch_gather_bmm():
+        k, v = paged.gather_into(ws)
+        return grouped_bmm(q, k, v, scale)
+
+    def torch_bmm_contig():
+        return grouped_bmm(q, kc, vc, scale)
+
+    ours()
+    err = max(rel_err(out, f()) for f in (torch_gather_sdpa, torch_gather_bmm, torch_bmm_contig))
+    t = median_ms({"ours": ours, "torch_gather_sdpa": torch_gather_sdpa,
+                   "torch_gather_bmm": torch_gather_bmm,
+                   "torch_bmm_contiguous": torch_bmm_contig}, args.rounds, args.inner)
+    kv_bytes = 2 * B * ctx * args.kv_heads * D * paged.k.element_size()
+    return {"case": f"decode b{B} x {ctx}, {H}/{args.kv_heads} x {D}, {cache_dtype} cache",
+            "times": t, "rel_err": err, "kv_bytes": kv_bytes, "tokens": B}
+
+
+def prefill_case(be, args, gen) -> dict:
+    B, T, H, Hkv, D = args.prefill_seqs, args.prefill_len, args.heads, args.kv_heads, args.head_size
+    paged = Paged(be, args, B, T, "bfloat16", gen)
+    batch = pa.Batch(be, paged.cache, [T] * B, [0] * B, paged.table)
+    q = torch.randn((B * T, H, D), generator=gen).to(torch.bfloat16)
+    k = torch.randn((B * T, Hkv, D), generator=gen).to(torch.bfloat16)
+    v = torch.randn((B * T, Hkv, D), generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(D)
+
+    def ours():  # writes this step's K/V into the paged cache, then attends over it
+        pa.forward(be, batch, paged.cache, 0, q, k, v, out=out, scale=scale)
+
+    qt = q.view(B, T, H, D).transpose(1, 2)
+    kt = k.view(B, T, Hkv, D).transpose(1, 2)
+    vt = v.view(B, T, Hkv, D).transpose(1, 2)
+    qc, kc, vc = qt.contiguous(), kt.contiguous(), vt.contiguous()
+    g = H // Hkv
+    kr, vr = kc.repeat_interleave(g, dim=1), vc.repeat_interleave(g, dim=1)
+
+    def torch_gqa():
+        return F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scale,
+                                              enable_gqa=True)
+
+    def torch_expanded():  # K/V repeated per query head beforehand (not timed)
+        return F.scaled_dot_product_attention(qc, kr, vr, is_causal=True, scale=scale)
+
+    ours()
+    ref = torch_expanded().transpose(1, 2).reshape(B * T, H, D)
+    err = max(rel_err(out, ref),
+              rel_err(out, torch_gqa().transpose(1, 2).reshape(B * T, H, D)))
+    t = median_ms({"ours": ours, "torch_sdpa_gqa": torch_gqa,
+                   "torch_sdpa_expanded_kv": torch_expanded}, args.rounds, max(1, args.inner // 4))
+    flops = 4.0 * B * H * D * (T * (T + 1) / 2)  # QK^T and PV, causal half
+    return {"case": f"prefill {B} x {T} causal, {H}/{Hkv} x {D}, bf16",
+            "times": t, "rel_err": err, "flops": flops, "tokens": B * T}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", default="cpu", help="pagedattn backend: cpu, onednn or auto")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--head-size", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--prefill-seqs", type=int, default=4)
+    ap.add_argument("--prefill-len", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--inner", type=int, default=8, help="calls per round (prefill: a quarter)")
+    ap.add_argument("--cases", default="decode,fp8,prefill")
+    ap.add_argument("--json", default=None, help="append the results as one JSON line here")
+    args = ap.parse_args()
+
+    torch.set_num_threads(args.threads)
+    be = pa.Backend(args.backend, num_threads=args.threads)
+    gen = torch.Generator().manual_seed(1)
+    print(f"pagedattn {pa.version_string()} backend {be.name} | torch {torch.__version__} "
+          f"({torch.get_num_threads()} threads; {torch.backends.cpu.get_cpu_capability()})",
+          flush=True)
+    results = []
+    cases = args.cases.split(",")
+    if "decode" in cases:
+        results.append(decode_case(be, args, "bfloat16", gen))
+    if "fp8" in cases:
+        results.append(decode_case(be, args, "fp8_e4m3", gen))
+    if "prefill" in cases:
+        results.append(prefill_case(be, args, gen))
+
+    bad = False
+    print(f"\n{'case':<44} {'contender':<24} {'median ms':>10} {'min ms':>8} {'rate':>14} "
+          f"{'ours faster':>11}")
+    for r in results:
+        ours_ms = r["times"]["ours"][0]
+        for name, (med, mn) in r["times"].items():
+            if "kv_bytes" in r:
+                rate = f"{r['kv_bytes'] / med / 1e6:.1f} GB/s"
+            else:
+                rate = f"{r['flops'] / med / 1e6:.0f} GFLOP/s"
+            speed = "" if name == "ours" else f"{med / ours_ms:.2f}x"
+            print(f"{r['case']:<44} {name:<24} {med:>10.3f} {mn:>8.3f} {rate:>14} {speed:>11}")
+        ok = r["rel_err"] <= 2e-2
+        bad |= not ok
+        print(f"{'':<44} agreement: max|ours-torch|/max|torch| = {r['rel_err']:.2e}"
+              f"{'' if ok else '  DISAGREES'}")
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps({"torch": torch.__version__, "backend": be.name,
+                                "threads": args.threads, "results": results}) + "\n")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
