@@ -120,6 +120,10 @@ void check_wrap_strides(const pagedattn_kv_cache_desc& d, int64_t bst, int64_t s
       fail(PAGEDATTN_ERROR_OVERFLOW, "memory strides overflow int64 element offsets");
     need = span;
   }
+  /* The kernels form byte offsets: the last element's must fit too. */
+  int64_t bytes;
+  if (__builtin_mul_overflow(max_off + 1, static_cast<int64_t>(dtype_size(d.dtype)), &bytes))
+    fail(PAGEDATTN_ERROR_OVERFLOW, "memory strides overflow int64 byte offsets");
 }
 
 void check_layer(const pagedattn_kv_cache* c, int32_t layer) {
@@ -286,9 +290,11 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
     std::unique_ptr<pagedattn_kv_cache> c = pa::new_cache(b, d, bpb);
     if (m.block_stride != 0 || m.slot_stride != 0 || m.head_stride != 0) {
       pa::check_wrap_strides(d, m.block_stride, m.slot_stride, m.head_stride);
-      c->pc.block_stride = m.block_stride;
-      c->pc.slot_stride = m.slot_stride;
-      c->pc.head_stride = m.head_stride;
+      /* A dimension of extent 1 is only indexed by 0: it keeps the compact stride (set by
+       * new_cache), whatever the caller's, so no kernel multiplies an unchecked value. */
+      if (d.num_blocks > 1) c->pc.block_stride = m.block_stride;
+      if (d.block_size > 1) c->pc.slot_stride = m.slot_stride;
+      if (d.num_kv_heads > 1) c->pc.head_stride = m.head_stride;
     }
     for (int32_t l = 0; l < d.num_layers; ++l) {
       c->k_layers[l] = m.k_layers[l];

@@ -82,6 +82,12 @@ void check_shape(const pagedattn_tensor* t, const char* name, const int64_t* wan
       fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: innermost stride %lld != 1", name,
            static_cast<long long>(t->strides[n - 1]));
     for (int32_t i = 0; i < n; ++i) strides[i] = t->strides[i];
+    /* A dimension of size 1 is only ever indexed by 0, so its stride is any value (DLPack
+     * producers leave huge or arbitrary ones there). Give it the compact stride, or 0 where that
+     * overflows, so no kernel multiplies the caller's value into a byte offset. */
+    for (int32_t i = n - 2; i >= 0; --i)
+      if (want[i] == 1 && __builtin_mul_overflow(strides[i + 1], want[i + 1], &strides[i]))
+        strides[i] = 0;
   } else {
     int64_t s = 1;
     for (int32_t i = n - 1; i >= 0; --i) {

@@ -83,7 +83,7 @@ typedef struct pagedattn_kv_cache_memory {
   void* const* k_layers;     /* [num_layers] base pointers of each layer's K blocks */
   void* const* v_layers;     /* [num_layers] base pointers of each layer's V blocks */
   /* Element strides (not bytes); 0,0,0 = the compact strides of desc->layout. The innermost (dim)
-   * stride is always 1. */
+   * stride is always 1. A dimension of extent 1 (one block, slot or head) ignores its stride. */
   int64_t block_stride;
   int64_t slot_stride;
   int64_t head_stride;
@@ -100,7 +100,7 @@ typedef struct pagedattn_kv_cache_memory {
  * PAGEDATTN_ERROR_WRONG_DEVICE (memory on a device the backend cannot use),
  * PAGEDATTN_ERROR_INVALID_ARGUMENT (strides not all > 0 nor all 0, strides that make blocks,
  * slots or heads overlap, a NULL layer pointer), PAGEDATTN_ERROR_OVERFLOW (strides whose element
- * offsets overflow int64). Thread-safe. */
+ * or byte offsets overflow int64). Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
                                                       pagedattn_backend* backend,
                                                       const pagedattn_kv_cache_desc* desc,

@@ -45,7 +45,8 @@ typedef struct pagedattn_dlpack_dtype {
 
 /* DLTensor. `strides` counts elements, not bytes; NULL means compact row-major. Every tensor
  * pagedattn reads or writes must have a unit innermost stride. The element at index (i0, i1...) is
- * at (char*)data + byte_offset + sizeof(elem) * sum(i_k * strides[k]). */
+ * at (char*)data + byte_offset + sizeof(elem) * sum(i_k * strides[k]). The stride of a dimension
+ * of size 1 is never used (its index is 0) and may be any value. */
 typedef struct pagedattn_tensor {
   void* data;
   pagedattn_device device;

@@ -468,3 +468,134 @@ TEST(FailureModes, TensorStrideOverflowRefused) {
   pagedattn_kv_cache_destroy(c);
   pagedattn_backend_destroy(be);
 }
+
+// Regression: a size-1 dimension's stride is never multiplied by a non-zero index, so callers
+// (DLPack producers) may leave any value there and validation accepts it; the CPU decode path
+// still formed stride x element size (kernels/cpu/attention.cpp TileSpans: UBSan "signed integer
+// overflow"). Found by tests/fuzz (fuzz_forward). lib/validate.cpp now gives such dimensions the
+// compact stride: the call runs and gives the compact call's bits.
+TEST(FailureModes, SizeOneDimensionHugeStride) {
+  pagedattn_backend* be = limited_backend(0);
+  ASSERT_NE(be, nullptr);
+  const int T = 3, H = 2, D = 8;  // one KV head: k/v dim 1 has size 1
+  int32_t qlen[1] = {T}, ctx[1] = {0};
+  pagedattn_batch_desc bd;
+  ASSERT_EQ(pagedattn_batch_desc_init(&bd), PAGEDATTN_OK);
+  bd.num_seqs = 1;
+  bd.query_lens = qlen;
+  bd.context_lens = ctx;
+  pagedattn_batch* b = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&b, be, nullptr, nullptr, &bd), PAGEDATTN_OK)
+      << pagedattn_last_error();
+  pagedattn_attention_options o;
+  ASSERT_EQ(pagedattn_attention_options_init(&o), PAGEDATTN_OK);
+  o.num_heads = H;
+  o.num_kv_heads = 1;
+  o.head_size = D;
+  o.attention_type = PAGEDATTN_ATTENTION_ENCODER_ONLY;
+  o.write_kv = 0;
+  std::vector<float> q(T * H * D), k(T * D), v(T * D);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = 0.1f * static_cast<float>((i * 7) % 11) - 0.5f;
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = 0.2f * static_cast<float>((i * 5) % 13) - 1.0f;
+    v[i] = 0.3f * static_cast<float>((i * 3) % 7) - 0.9f;
+  }
+  int64_t qs[3] = {T, H, D}, ks[3] = {T, 1, D};
+  int64_t huge[3] = {D, INT64_MAX - 5, 1};
+  auto tensor = [](float* p, int64_t* shape, int64_t* strides) {
+    return pagedattn_tensor{p, {PAGEDATTN_DEVICE_CPU, 0}, 3, {PAGEDATTN_DLPACK_FLOAT, 32, 1}, shape,
+                            strides, 0};
+  };
+  std::vector<float> want(q.size(), NAN), got(q.size(), NAN);
+  pagedattn_tensor qt = tensor(q.data(), qs, nullptr), kt = tensor(k.data(), ks, nullptr),
+                   vt = tensor(v.data(), ks, nullptr), ot = tensor(want.data(), qs, nullptr);
+  ASSERT_EQ(pagedattn_forward(be, b, nullptr, 0, &o, &qt, &kt, &vt, &ot, nullptr, nullptr),
+            PAGEDATTN_OK) << pagedattn_last_error();
+  kt.strides = huge;
+  vt.strides = huge;
+  ot.data = got.data();
+  ASSERT_EQ(pagedattn_forward(be, b, nullptr, 0, &o, &qt, &kt, &vt, &ot, nullptr, nullptr),
+            PAGEDATTN_OK) << pagedattn_last_error();
+  EXPECT_EQ(memcmp(want.data(), got.data(), sizeof(float) * want.size()), 0);
+  EXPECT_FALSE(std::isnan(got[0]));
+  pagedattn_batch_destroy(b);
+  pagedattn_backend_destroy(be);
+}
+
+// The same for a wrapped cache: one KV head, so its head stride is never multiplied by a
+// non-zero head index and the wrap accepts any value; the decode formed head stride x element
+// size (UBSan "signed integer overflow" in TileSpans). A dimension of extent 1 now keeps the
+// compact stride. And strides whose element offsets fit int64 but whose byte offsets do not are
+// refused.
+TEST(FailureModes, WrappedCacheSizeOneHeadHugeStride) {
+  pagedattn_backend* be = limited_backend(0);
+  ASSERT_NE(be, nullptr);
+  pagedattn_kv_cache_desc d = geometry(2);
+  d.num_layers = 1;
+  d.num_kv_heads = 1;
+  d.block_size = 4;
+  d.head_size = 8;
+  std::vector<float> kmem(2 * 4 * 8), vmem(2 * 4 * 8);
+  for (size_t i = 0; i < kmem.size(); ++i) {
+    kmem[i] = 0.25f * static_cast<float>((i * 5) % 9) - 1.0f;
+    vmem[i] = 0.5f * static_cast<float>((i * 3) % 7) - 1.5f;
+  }
+  void* kp[1] = {kmem.data()};
+  void* vp[1] = {vmem.data()};
+  pagedattn_kv_cache_memory m{};
+  m.struct_size = sizeof m;
+  m.k_layers = kp;
+  m.v_layers = vp;
+  m.device = {PAGEDATTN_DEVICE_CPU, 0};
+  pagedattn_kv_cache *compact = nullptr, *odd = nullptr;
+  ASSERT_EQ(pagedattn_kv_cache_wrap(&compact, be, &d, &m), PAGEDATTN_OK) << pagedattn_last_error();
+  m.block_stride = 32;
+  m.slot_stride = 8;
+  m.head_stride = INT64_MAX - 5;
+  ASSERT_EQ(pagedattn_kv_cache_wrap(&odd, be, &d, &m), PAGEDATTN_OK) << pagedattn_last_error();
+
+  const int H = 2, D = 8;
+  int32_t qlen[1] = {1}, ctx[1] = {6}, table[2] = {1, 0};
+  pagedattn_batch_desc bd;
+  ASSERT_EQ(pagedattn_batch_desc_init(&bd), PAGEDATTN_OK);
+  bd.num_seqs = 1;
+  bd.query_lens = qlen;
+  bd.context_lens = ctx;
+  bd.block_tables = table;
+  bd.block_table_stride = 2;
+  pagedattn_batch* b = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&b, be, compact, nullptr, &bd), PAGEDATTN_OK)
+      << pagedattn_last_error();
+  pagedattn_attention_options o;
+  ASSERT_EQ(pagedattn_attention_options_init(&o), PAGEDATTN_OK);
+  o.num_heads = H;
+  o.num_kv_heads = 1;
+  o.head_size = D;
+  o.write_kv = 0;
+  std::vector<float> q(H * D), want(H * D, NAN), got(H * D, NAN);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  int64_t qs[3] = {1, H, D};
+  pagedattn_tensor qt{q.data(), {PAGEDATTN_DEVICE_CPU, 0}, 3, {PAGEDATTN_DLPACK_FLOAT, 32, 1}, qs,
+                      nullptr, 0};
+  pagedattn_tensor ot = qt;
+  ot.data = want.data();
+  ASSERT_EQ(pagedattn_forward(be, b, compact, 0, &o, &qt, nullptr, nullptr, &ot, nullptr, nullptr),
+            PAGEDATTN_OK) << pagedattn_last_error();
+  ot.data = got.data();
+  ASSERT_EQ(pagedattn_forward(be, b, odd, 0, &o, &qt, nullptr, nullptr, &ot, nullptr, nullptr),
+            PAGEDATTN_OK) << pagedattn_last_error();
+  EXPECT_EQ(memcmp(want.data(), got.data(), sizeof(float) * want.size()), 0);
+  EXPECT_FALSE(std::isnan(got[0]));
+
+  // Element offsets up to INT64_MAX / 4 + 31 fit; as float32 bytes they do not.
+  pagedattn_kv_cache* refused = reinterpret_cast<pagedattn_kv_cache*>(0x20);
+  m.head_stride = 8;
+  m.block_stride = INT64_MAX / 4;
+  EXPECT_EQ(pagedattn_kv_cache_wrap(&refused, be, &d, &m), PAGEDATTN_ERROR_OVERFLOW);
+  EXPECT_TRUE(message_has("memory strides overflow int64 byte offsets")) << pagedattn_last_error();
+  EXPECT_EQ(refused, reinterpret_cast<pagedattn_kv_cache*>(0x20));
+  pagedattn_batch_destroy(b);
+  pagedattn_kv_cache_destroy(odd);
+  pagedattn_kv_cache_destroy(compact);
+  pagedattn_backend_destroy(be);
+}
