@@ -40,6 +40,36 @@ import torch.nn.functional as F
 
 import pagedattn as pa
 
+# What this torch has (Debian 12's python3-torch is 1.13: no SDPA, no float8): the contenders it
+# lacks are left out and the output says so.
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+HAS_FP8 = hasattr(torch, "float8_e4m3fn")
+
+
+def _has_gqa() -> bool:
+    if not HAS_SDPA:
+        return False
+    x = torch.zeros((1, 2, 1, 8))
+    try:
+        F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+        return True
+    except TypeError:  # torch < 2.5
+        return False
+
+
+HAS_GQA = _has_gqa()
+
+
+def sdpa(q, k, v, causal: bool):
+    """torch's SDPA with GQA: natively where it can, else with K/V repeated per query head (as an
+    engine on such a torch would). The scale is SDPA's default, 1/sqrt(D), as ours."""
+    if HAS_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    g = q.shape[1] // k.shape[1]
+    if g > 1:
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
 
 def median_ms(fns: dict, rounds: int, inner: int) -> dict:
     """Runs every fn of `fns` inner times per round, contenders in turn; median/min of rounds."""
@@ -143,7 +173,7 @@ def decode_case(be, args, cache_dtype: str, gen) -> dict:
 
     def torch_gather_sdpa():
         k, v = paged.gathered()
-        return F.scaled_dot_product_attention(qt, k, v, scale=scale, enable_gqa=True).squeeze(2)
+        return sdpa(qt, k, v, False).squeeze(2)
 
     ws: dict = {}
 
@@ -155,10 +185,13 @@ def decode_case(be, args, cache_dtype: str, gen) -> dict:
         return grouped_bmm(q, kc, vc, scale)
 
     ours()
-    err = max(rel_err(out, f()) for f in (torch_gather_sdpa, torch_gather_bmm, torch_bmm_contig))
-    t = median_ms({"ours": ours, "torch_gather_sdpa": torch_gather_sdpa,
-                   "torch_gather_bmm": torch_gather_bmm,
-                   "torch_bmm_contiguous": torch_bmm_contig}, args.rounds, args.inner)
+    fns = {"ours": ours}
+    if HAS_SDPA:
+        fns["torch_gather_sdpa"] = torch_gather_sdpa
+    fns["torch_gather_bmm"] = torch_gather_bmm
+    fns["torch_bmm_contiguous"] = torch_bmm_contig
+    err = max(rel_err(out, f()) for name, f in fns.items() if name != "ours")
+    t = median_ms(fns, args.rounds, args.inner)
     kv_bytes = 2 * B * ctx * args.kv_heads * D * paged.k.element_size()
     return {"case": f"decode b{B} x {ctx}, {H}/{args.kv_heads} x {D}, {cache_dtype} cache",
             "times": t, "rel_err": err, "kv_bytes": kv_bytes, "tokens": B}
@@ -185,21 +218,38 @@ def prefill_case(be, args, gen) -> dict:
     kr, vr = kc.repeat_interleave(g, dim=1), vc.repeat_interleave(g, dim=1)
 
     def torch_gqa():
-        return F.scaled_dot_product_attention(qc, kc, vc, is_causal=True, scale=scale,
-                                              enable_gqa=True)
+        return sdpa(qc, kc, vc, True)
 
     def torch_expanded():  # K/V repeated per query head beforehand (not timed)
-        return F.scaled_dot_product_attention(qc, kr, vr, is_causal=True, scale=scale)
+        return F.scaled_dot_product_attention(qc, kr, vr, is_causal=True)
 
+    def torch_matmul():  # without SDPA: per sequence, scores materialised, causal mask
+        o = torch.empty_like(qc)
+        mask = torch.ones((T, T), dtype=torch.bool).triu(1)
+        for b in range(B):
+            s = torch.matmul(qc[b], kr[b].transpose(-1, -2)).float() * scale
+            p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1).to(torch.bfloat16)
+            o[b] = torch.matmul(p, vr[b])
+        return o
+
+    fns = {"ours": ours}
+    if HAS_SDPA:
+        fns["torch_sdpa_gqa" if HAS_GQA else "torch_sdpa_repeat_kv"] = torch_gqa
+        fns["torch_sdpa_expanded_kv"] = torch_expanded
+    else:
+        fns["torch_matmul_causal"] = torch_matmul
     ours()
-    ref = torch_expanded().transpose(1, 2).reshape(B * T, H, D)
-    err = max(rel_err(out, ref),
-              rel_err(out, torch_gqa().transpose(1, 2).reshape(B * T, H, D)))
-    t = median_ms({"ours": ours, "torch_sdpa_gqa": torch_gqa,
-                   "torch_sdpa_expanded_kv": torch_expanded}, args.rounds, max(1, args.inner // 4))
+    err = max(rel_err(out, f().transpose(1, 2).reshape(B * T, H, D))
+              for name, f in fns.items() if name != "ours")
+    t = median_ms(fns, args.rounds, max(1, args.inner // 4))
     flops = 4.0 * B * H * D * (T * (T + 1) / 2)  # QK^T and PV, causal half
     return {"case": f"prefill {B} x {T} causal, {H}/{Hkv} x {D}, bf16",
             "times": t, "rel_err": err, "flops": flops, "tokens": B * T}
+
+
+def capability() -> str:
+    cpu = getattr(torch.backends, "cpu", None)
+    return cpu.get_cpu_capability() if cpu is not None else "not reported by this torch"
 
 
 def main() -> int:
@@ -224,13 +274,17 @@ def main() -> int:
     be = pa.Backend(args.backend, num_threads=args.threads)
     gen = torch.Generator().manual_seed(1)
     print(f"pagedattn {pa.version_string()} backend {be.name} | torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads; {torch.backends.cpu.get_cpu_capability()})",
-          flush=True)
+          f"({torch.get_num_threads()} threads; CPU capability {capability()})", flush=True)
+    if not HAS_SDPA:
+        print(f"torch {torch.__version__} has no scaled_dot_product_attention: its SDPA "
+              "contenders are left out (prefill: materialised scores instead)")
     results = []
     cases = args.cases.split(",")
     if "decode" in cases:
         results.append(decode_case(be, args, "bfloat16", gen))
-    if "fp8" in cases:
+    if "fp8" in cases and not HAS_FP8:
+        print(f"fp8 case skipped: torch {torch.__version__} has no float8_e4m3fn")
+    elif "fp8" in cases:
         results.append(decode_case(be, args, "fp8_e4m3", gen))
     if "prefill" in cases:
         results.append(prefill_case(be, args, gen))

@@ -73,4 +73,5 @@ def test_bench_compare_torch_cpu_agrees() -> None:
                         "--prefill-len", "70", "--rounds", "1", "--inner", "1"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("agreement:") == 3 and "DISAGREES" not in r.stdout, r.stdout
+    cases = 3 if hasattr(torch, "float8_e4m3fn") else 2  # fp8: skipped, and said so, on torch < 2.1
+    assert r.stdout.count("agreement:") == cases and "DISAGREES" not in r.stdout, r.stdout
