@@ -45,6 +45,16 @@ pagedattn_kv_cache_desc geometry(int32_t blocks) {
   return d;
 }
 
+// One layer of `blocks` blocks of 4 slots, one KV head of 8 dims: small enough to check whole.
+pagedattn_kv_cache_desc one_head_geometry(int32_t blocks) {
+  pagedattn_kv_cache_desc d = geometry(blocks);
+  d.num_layers = 1;
+  d.num_kv_heads = 1;
+  d.head_size = 8;
+  d.block_size = 4;
+  return d;
+}
+
 bool message_has(const char* needle) {
   return std::string(pagedattn_last_error()).find(needle) != std::string::npos;
 }
@@ -430,11 +440,7 @@ TEST(FailureModes, BatchHostTablesOverMemoryLimit) {
 TEST(FailureModes, TensorStrideOverflowRefused) {
   pagedattn_backend* be = limited_backend(0);
   ASSERT_NE(be, nullptr);
-  pagedattn_kv_cache_desc d = geometry(4);
-  d.num_layers = 1;
-  d.num_kv_heads = 1;
-  d.head_size = 8;
-  d.block_size = 4;
+  pagedattn_kv_cache_desc d = one_head_geometry(4);
   pagedattn_kv_cache* c = nullptr;
   ASSERT_EQ(pagedattn_kv_cache_create(&c, be, &d), PAGEDATTN_OK) << pagedattn_last_error();
   // A patterned cache and non-zero rows, so that any write the refusal let through would show.
@@ -530,11 +536,7 @@ TEST(FailureModes, SizeOneDimensionHugeStride) {
 TEST(FailureModes, WrappedCacheSizeOneHeadHugeStride) {
   pagedattn_backend* be = limited_backend(0);
   ASSERT_NE(be, nullptr);
-  pagedattn_kv_cache_desc d = geometry(2);
-  d.num_layers = 1;
-  d.num_kv_heads = 1;
-  d.block_size = 4;
-  d.head_size = 8;
+  pagedattn_kv_cache_desc d = one_head_geometry(2);
   std::vector<float> kmem(2 * 4 * 8), vmem(2 * 4 * 8);
   for (size_t i = 0; i < kmem.size(); ++i) {
     kmem[i] = 0.25f * static_cast<float>((i * 5) % 9) - 1.0f;
