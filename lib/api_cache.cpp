@@ -66,6 +66,9 @@ std::unique_ptr<pagedattn_kv_cache> new_cache(pagedattn_backend* b,
   pc.dtype = d.dtype;
   pc.layout = d.layout;
   compact_strides(d, &pc.block_stride, &pc.slot_stride, &pc.head_stride);
+  c->strides[0] = pc.block_stride;
+  c->strides[1] = pc.slot_stride;
+  c->strides[2] = pc.head_stride;
   pc.k_layers = c->k_layers.data();
   pc.v_layers = c->v_layers.data();
   pc.device = b->caps.device;
@@ -295,6 +298,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
       if (d.num_blocks > 1) c->pc.block_stride = m.block_stride;
       if (d.block_size > 1) c->pc.slot_stride = m.slot_stride;
       if (d.num_kv_heads > 1) c->pc.head_stride = m.head_stride;
+      c->strides[0] = m.block_stride;
+      c->strides[1] = m.slot_stride;
+      c->strides[2] = m.head_stride;
     }
     for (int32_t l = 0; l < d.num_layers; ++l) {
       c->k_layers[l] = m.k_layers[l];
@@ -339,9 +345,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_layer(void** k, void** v,
     if (k) *k = c->k_layers[layer];
     if (v) *v = c->v_layers[layer];
     if (strides) {
-      strides[0] = c->pc.block_stride;
-      strides[1] = c->pc.slot_stride;
-      strides[2] = c->pc.head_stride;
+      strides[0] = c->strides[0];
+      strides[1] = c->strides[1];
+      strides[2] = c->strides[2];
     }
   });
 }

@@ -43,6 +43,9 @@ struct pagedattn_kv_cache {
   uint64_t bytes;  /* size of slab */
   uint64_t bytes_per_block; /* all layers, K and V: one record of read_blocks */
   bool attached;   /* cache_attach succeeded */
+  /* The strides get_layer reports: the caller's for a wrapped cache (pc keeps the compact one
+   * in a dimension of extent 1, whose stride is never used), else pc's. */
+  int64_t strides[3];
 };
 
 struct pagedattn_batch {

@@ -118,7 +118,8 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_desc(pagedattn_kv_cache_de
                                                           const pagedattn_kv_cache* cache);
 
 /* Returns layer `layer`'s K and V base pointers and the element strides (block, slot, head) of the
- * cache, so an engine can hand the memory to other code. Any out pointer may be NULL. Returns
+ * cache (for a wrapped cache, the ones it was wrapped with), so an engine can hand the memory to
+ * other code. Any out pointer may be NULL. Returns
  * PAGEDATTN_ERROR_NULL_POINTER (cache), PAGEDATTN_ERROR_OUT_OF_RANGE (layer),
  * PAGEDATTN_ERROR_INVALID_HANDLE. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_layer(void** k, void** v,

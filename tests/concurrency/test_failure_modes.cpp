@@ -555,6 +555,11 @@ TEST(FailureModes, WrappedCacheSizeOneHeadHugeStride) {
   m.slot_stride = 8;
   m.head_stride = INT64_MAX - 5;
   ASSERT_EQ(pagedattn_kv_cache_wrap(&odd, be, &d, &m), PAGEDATTN_OK) << pagedattn_last_error();
+  int64_t strides[3] = {0, 0, 0};  // get_layer reports the caller's strides, unused one included
+  ASSERT_EQ(pagedattn_kv_cache_get_layer(nullptr, nullptr, strides, odd, 0), PAGEDATTN_OK);
+  EXPECT_EQ(strides[0], 32);
+  EXPECT_EQ(strides[1], 8);
+  EXPECT_EQ(strides[2], INT64_MAX - 5);
 
   const int H = 2, D = 8;
   int32_t qlen[1] = {1}, ctx[1] = {6}, table[2] = {1, 0};
