@@ -55,6 +55,18 @@ pagedattn_kv_cache_desc one_head_geometry(int32_t blocks) {
   return d;
 }
 
+// A compact CPU tensor over p (set .strides for another layout).
+pagedattn_tensor tensor(void* p, int64_t* shape, int32_t nd, uint8_t code = PAGEDATTN_DLPACK_FLOAT,
+                        uint8_t bits = 32) {
+  pagedattn_tensor t{};
+  t.data = p;
+  t.device = {PAGEDATTN_DEVICE_CPU, 0};
+  t.ndim = nd;
+  t.dtype = {code, bits, 1};
+  t.shape = shape;
+  return t;
+}
+
 bool message_has(const char* needle) {
   return std::string(pagedattn_last_error()).find(needle) != std::string::npos;
 }
@@ -226,15 +238,6 @@ TEST(ErrorMessages, NameTheArgumentAndValue) {
   // Tensors for forward/write: 3 tokens, H 4, Hkv 2, D 64, float32.
   std::vector<float> qbuf(3 * 4 * 64), kbuf(3 * 2 * 64), vbuf(3 * 2 * 64), obuf(3 * 4 * 64);
   int64_t qs[3] = {3, 4, 64}, ks[3] = {3, 2, 64}, bad_ks[3] = {3, 2, 32};
-  auto tensor = [](void* p, int64_t* shape, int32_t nd, uint8_t code, uint8_t bits) {
-    pagedattn_tensor t{};
-    t.data = p;
-    t.device = {PAGEDATTN_DEVICE_CPU, 0};
-    t.ndim = nd;
-    t.dtype = {code, bits, 1};
-    t.shape = shape;
-    return t;
-  };
   pagedattn_tensor q = tensor(qbuf.data(), qs, 3, PAGEDATTN_DLPACK_FLOAT, 32);
   pagedattn_tensor k = tensor(kbuf.data(), ks, 3, PAGEDATTN_DLPACK_FLOAT, 32);
   pagedattn_tensor v = tensor(vbuf.data(), ks, 3, PAGEDATTN_DLPACK_FLOAT, 32);
@@ -454,14 +457,11 @@ TEST(FailureModes, TensorStrideOverflowRefused) {
   std::vector<float> k(3 * 8, 1.5f), v(3 * 8, -2.5f);
   int64_t shape[3] = {3, 1, 8};
   int64_t huge[3] = {INT64_MAX / 3, 8, 1};  // row 2 starts at byte 8 * (INT64_MAX / 3)
-  pagedattn_tensor kt{k.data(), {PAGEDATTN_DEVICE_CPU, 0}, 3, {PAGEDATTN_DLPACK_FLOAT, 32, 1},
-                      shape, nullptr, 0};
-  pagedattn_tensor vt = kt;
-  vt.data = v.data();
+  pagedattn_tensor kt = tensor(k.data(), shape, 3);
+  pagedattn_tensor vt = tensor(v.data(), shape, 3);
   vt.strides = huge;
   int64_t slots[3] = {-1, -1, 5}, sshape[1] = {3};
-  pagedattn_tensor st{slots, {PAGEDATTN_DEVICE_CPU, 0}, 1, {PAGEDATTN_DLPACK_INT, 64, 1}, sshape,
-                      nullptr, 0};
+  pagedattn_tensor st = tensor(slots, sshape, 1, PAGEDATTN_DLPACK_INT, 64);
   const pagedattn_status s = pagedattn_kv_cache_write(c, 0, &kt, &vt, &st, 1, 1, nullptr);
   EXPECT_EQ(s, PAGEDATTN_ERROR_OVERFLOW) << pagedattn_status_string(s) << ": " << pagedattn_last_error();
   // "value: byte_offset 0 + element offsets [0, 6148914691236517212] x 4 bytes overflow int64"
@@ -508,13 +508,9 @@ TEST(FailureModes, SizeOneDimensionHugeStride) {
   }
   int64_t qs[3] = {T, H, D}, ks[3] = {T, 1, D};
   int64_t huge[3] = {D, INT64_MAX - 5, 1};
-  auto tensor = [](float* p, int64_t* shape, int64_t* strides) {
-    return pagedattn_tensor{p, {PAGEDATTN_DEVICE_CPU, 0}, 3, {PAGEDATTN_DLPACK_FLOAT, 32, 1}, shape,
-                            strides, 0};
-  };
   std::vector<float> want(q.size(), NAN), got(q.size(), NAN);
-  pagedattn_tensor qt = tensor(q.data(), qs, nullptr), kt = tensor(k.data(), ks, nullptr),
-                   vt = tensor(v.data(), ks, nullptr), ot = tensor(want.data(), qs, nullptr);
+  pagedattn_tensor qt = tensor(q.data(), qs, 3), kt = tensor(k.data(), ks, 3),
+                   vt = tensor(v.data(), ks, 3), ot = tensor(want.data(), qs, 3);
   ASSERT_EQ(pagedattn_forward(be, b, nullptr, 0, &o, &qt, &kt, &vt, &ot, nullptr, nullptr),
             PAGEDATTN_OK) << pagedattn_last_error();
   kt.strides = huge;
@@ -582,10 +578,7 @@ TEST(FailureModes, WrappedCacheSizeOneHeadHugeStride) {
   std::vector<float> q(H * D), want(H * D, NAN), got(H * D, NAN);
   for (size_t i = 0; i < q.size(); ++i) q[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
   int64_t qs[3] = {1, H, D};
-  pagedattn_tensor qt{q.data(), {PAGEDATTN_DEVICE_CPU, 0}, 3, {PAGEDATTN_DLPACK_FLOAT, 32, 1}, qs,
-                      nullptr, 0};
-  pagedattn_tensor ot = qt;
-  ot.data = want.data();
+  pagedattn_tensor qt = tensor(q.data(), qs, 3), ot = tensor(want.data(), qs, 3);
   ASSERT_EQ(pagedattn_forward(be, b, compact, 0, &o, &qt, nullptr, nullptr, &ot, nullptr, nullptr),
             PAGEDATTN_OK) << pagedattn_last_error();
   ot.data = got.data();
