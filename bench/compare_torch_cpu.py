@@ -72,10 +72,10 @@ def sdpa(q, k, v, causal: bool):
 
 
 def median_ms(fns: dict, rounds: int, inner: int) -> dict:
-    """Runs every fn of `fns` inner times per round, contenders in turn; median/min of rounds."""
+    """Runs every fn of `fns` inner times per round, contenders in turn; median/min of rounds.
+    The callers' agreement check has run each fn once already: that is the warm-up (page
+    faults, thread pools, oneDNN primitive caches)."""
     per = {k: [] for k in fns}
-    for fn in fns.values():  # warm-up: page faults, thread pools, oneDNN primitive caches
-        fn()
     for _ in range(rounds):
         for name, fn in fns.items():
             t0 = time.perf_counter()
