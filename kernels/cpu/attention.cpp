@@ -374,6 +374,20 @@ void StoreCacheRow(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dt
   store_cache_row(dst, ddt, src, sdt, n, scale);
 }
 
+// Element offsets of key `pos`'s K and V rows of the item's KV head: through the block table
+// (both at one offset), or rows of contiguous K/V (encoder, cross attention without a cache).
+HWY_INLINE void key_offsets(const AttnItem& it, int64_t pos, int64_t* koff, int64_t* voff) {
+  const KVSource& s = it.kv;
+  if (s.table != nullptr) {
+    const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
+    *koff = *voff = s.table[pos >> shift] * s.block_stride +
+                    (pos & (s.block_size - 1)) * s.slot_stride + it.kv_head * s.head_stride;
+  } else {
+    *koff = (s.row0 + pos) * s.block_stride + it.kv_head * s.head_stride;
+    *voff = (s.row0 + pos) * s.v_block_stride + it.kv_head * s.v_head_stride;
+  }
+}
+
 // Prefetches the K and V rows of key `pos`: paged rows are scattered (shuffled blocks, strided
 // heads), which the hardware prefetchers do not follow.
 HWY_INLINE void prefetch_key(const AttnItem& it, int64_t pos) {
@@ -384,14 +398,7 @@ HWY_INLINE void prefetch_key(const AttnItem& it, int64_t pos) {
   const int64_t esz = static_cast<int64_t>(elem_size(s.dtype));
   const int64_t bytes = static_cast<int64_t>(it.head_size) * esz;
   int64_t koff, voff;
-  if (s.table != nullptr) {
-    const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
-    koff = voff = s.table[pos >> shift] * s.block_stride +
-                  (pos & (s.block_size - 1)) * s.slot_stride + it.kv_head * s.head_stride;
-  } else {
-    koff = (s.row0 + pos) * s.block_stride + it.kv_head * s.head_stride;
-    voff = (s.row0 + pos) * s.v_block_stride + it.kv_head * s.v_head_stride;
-  }
+  key_offsets(it, pos, &koff, &voff);
   const char* kp = static_cast<const char*>(s.k) + koff * esz;
   const char* vp = static_cast<const char*>(s.v) + voff * esz;
   for (int64_t b = 0; b < bytes; b += 64) {
@@ -845,14 +852,7 @@ HWY_INLINE void key_ptrs(const AttnItem& it, int64_t kt0, int nk, const void** k
   for (int k = 0; k < nk; ++k) {
     const int64_t pos = kt0 + k;
     int64_t koff, voff;
-    if (s.table != nullptr) {
-      const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
-      koff = voff = s.table[pos >> shift] * s.block_stride +
-                    (pos & (s.block_size - 1)) * s.slot_stride + it.kv_head * s.head_stride;
-    } else {
-      koff = (s.row0 + pos) * s.block_stride + it.kv_head * s.head_stride;
-      voff = (s.row0 + pos) * s.v_block_stride + it.kv_head * s.v_head_stride;
-    }
+    key_offsets(it, pos, &koff, &voff);
     kp[k] = static_cast<const char*>(s.k) + koff * esz;
     vp[k] = static_cast<const char*>(s.v) + voff * esz;
     if (pos + kPrefetchKeys < pf_end) prefetch_key(it, pos + kPrefetchKeys);
