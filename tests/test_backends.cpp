@@ -223,6 +223,34 @@ TEST(Backends, CapabilitiesOfCpu) {
   pagedattn_backend_destroy(be);
 }
 
+// The oneDNN backend hands every item its tiles do not take to the embedded CPU backend, so it
+// claims exactly what that backend claims (its own name and thread count aside).
+TEST(Backends, CapabilitiesOfOnednnMatchCpu) {
+  pagedattn_backend* cpu = nullptr;
+  pagedattn_backend* dnn = nullptr;
+  ASSERT_EQ(pagedattn_backend_create(&cpu, "cpu", nullptr), PAGEDATTN_OK);
+  if (pagedattn_backend_create(&dnn, "onednn", nullptr) != PAGEDATTN_OK) {
+    pagedattn_backend_destroy(cpu);
+    GTEST_SKIP() << "onednn backend unavailable: " << pagedattn_last_error();
+  }
+  pagedattn_capabilities c{}, d{};
+  c.struct_size = d.struct_size = sizeof c;
+  ASSERT_EQ(pagedattn_backend_get_capabilities(&c, cpu), PAGEDATTN_OK);
+  ASSERT_EQ(pagedattn_backend_get_capabilities(&d, dnn), PAGEDATTN_OK);
+  EXPECT_STREQ(d.name, "onednn");
+  EXPECT_EQ(d.device.device_type, c.device.device_type);
+  EXPECT_EQ(d.features, c.features) << std::hex << d.features << " vs " << c.features;
+  EXPECT_EQ(d.dtypes, c.dtypes);
+  EXPECT_EQ(d.cache_dtypes, c.cache_dtypes);
+  EXPECT_EQ(d.layouts, c.layouts);
+  EXPECT_EQ(d.block_sizes, c.block_sizes);
+  EXPECT_EQ(d.head_sizes, c.head_sizes);
+  EXPECT_GE(d.max_num_threads, 1);
+  EXPECT_EQ(d.total_memory, c.total_memory);
+  pagedattn_backend_destroy(dnn);
+  pagedattn_backend_destroy(cpu);
+}
+
 TEST(Backends, CpuTargetEnvironment) {
   // PAGEDATTN_CPU_TARGET is read at creation: a bogus name must not silently pick something.
   const char* old = std::getenv("PAGEDATTN_CPU_TARGET");

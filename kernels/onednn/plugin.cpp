@@ -394,25 +394,11 @@ void destroy(void* state) {
 
 void get_capabilities(void* state, pagedattn_capabilities* caps) {
   auto* b = static_cast<Backend*>(state);
+  // Its oneDNN tiles take a subset of the work and hand the rest to the embedded CPU backend,
+  // so it claims exactly what that backend claims (the two lists cannot drift apart).
+  pa_cpu_backend_ops()->get_capabilities(b->cpu, caps);
   caps->name = "onednn";
-  caps->device.device_type = PAGEDATTN_DEVICE_CPU;
-  caps->device.device_id = 0;
-  caps->features = PAGEDATTN_FEATURE_ALIBI | PAGEDATTN_FEATURE_SOFT_CAP |
-                   PAGEDATTN_FEATURE_SLIDING_WINDOW | PAGEDATTN_FEATURE_CROSS_ATTENTION |
-                   PAGEDATTN_FEATURE_ENCODER | PAGEDATTN_FEATURE_FP8_CACHE |
-                   PAGEDATTN_FEATURE_LSE | PAGEDATTN_FEATURE_MERGE_STATES |
-                   PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_HOST_SWAP |
-                   PAGEDATTN_FEATURE_WRAP_CACHE;
-  caps->dtypes = PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT32) |
-                 PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT16) |
-                 PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_BFLOAT16);
-  caps->cache_dtypes = caps->dtypes | PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E4M3) |
-                       PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FP8_E5M2);
-  caps->layouts = (1u << PAGEDATTN_LAYOUT_NHD) | (1u << PAGEDATTN_LAYOUT_HND);
-  caps->block_sizes = 0x1FFu;    // 1 .. 256
-  caps->head_sizes = 0xFFFFFFFFu;  // every multiple of 8 up to 256
   caps->max_num_threads = b->threads;
-  caps->total_memory = 0;
 }
 
 // A failure of the embedded CPU backend, reported as this backend's ("cpu: x" -> "onednn: x").
