@@ -9,14 +9,23 @@ softmax by hand (faster than SDPA's one-row path). The fp8 cache is converted to
 the gather. As a lower bound for any non-paged engine, the hand decode is also timed on K/V that
 already lie contiguous (no gather at all).
 
+Where Intel Extension for PyTorch (IPEX) imports, its paged-attention kernels join: the CPU
+kernels vLLM's CPU backend called (`ipex.llm.modules.PagedAttention`: one-query decode over the
+block table, and varlen flash attention over it for prefill, after `reshape_and_cache` writes the
+step's K/V). They read IPEX's cache layout, [blocks, kv_heads, block_size, D] (our HND), so these
+cases run on an HND cache that both libraries read; IPEX's CPU decode takes bf16 and fp8 e5m2
+caches (not e4m3). IPEX pins its torch version: `pip install torch==2.8.0
+intel-extension-for-pytorch==2.8.0 numpy` in a separate virtual environment.
+
 Cases (the shapes of issue 4's targets, all changeable by flags):
   decode   batch 16 x context 4096, 32/8 heads, head size 128, block 16, bf16 and fp8 e4m3
            caches (NHD, block tables shuffled, 268 MB of bf16 K/V: far beyond the L3)
   prefill  4 x 2048 new tokens, causal, same heads, bf16
+  ipex     (with IPEX) decode as above over bf16 and fp8 e5m2 HND caches, and the prefill
 
 Each timing is the median of --rounds rounds, every round running each contender --inner times
 in turn (ours, then torch, alternating, so a change in the host's state hits both). Outputs are
-compared (max |ours - torch| / max |torch|); the script exits 1 if they disagree beyond bf16's
+compared (max |ours - theirs| / max |theirs|); the script exits 1 if they disagree beyond bf16's
 rounding. torch is not a dependency of the library: install it yourself (`pip install torch
 numpy` in a virtual environment) and run, from the repository root after a build:
 
@@ -60,6 +69,32 @@ def _has_gqa() -> bool:
 HAS_GQA = _has_gqa()
 
 
+def _ipex_paged():
+    """IPEX's PagedAttention, or None where IPEX is not installed (or does not load with this
+    torch). Its import writes warnings (overridden torch kernels, no CUDA runtime) straight to
+    file descriptor 2: silenced here."""
+    import importlib.util
+    import os
+    if importlib.util.find_spec("intel_extension_for_pytorch") is None:
+        return None
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        from intel_extension_for_pytorch.llm.modules import PagedAttention
+        return PagedAttention
+    except Exception:  # IPEX built for another torch
+        return None
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+IPEX = _ipex_paged()
+
+
 def sdpa(q, k, v, causal: bool):
     """torch's SDPA with GQA: natively where it can, else with K/V repeated per query head (as an
     engine on such a torch would). The scale is SDPA's default, 1/sqrt(D), as ours."""
@@ -91,24 +126,31 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class Paged:
-    """One layer of a paged cache in torch memory, NHD [blocks, block_size, kv_heads, D]."""
+    """One layer of a paged cache in torch memory: NHD [blocks, block_size, kv_heads, D], or HND
+    [blocks, kv_heads, block_size, D] (IPEX's layout)."""
 
-    def __init__(self, be, args, seqs: int, seq_len: int, cache_dtype: str, gen) -> None:
+    def __init__(self, be, args, seqs: int, seq_len: int, cache_dtype: str, gen,
+                 layout: str = "nhd") -> None:
         bs, hkv, d = args.block_size, args.kv_heads, args.head_size
-        self.bs, self.seq_len = bs, seq_len
+        self.bs, self.seq_len, self.layout = bs, seq_len, layout
         per_seq = math.ceil(seq_len / bs)
         nblocks = seqs * per_seq + 1
-        kf = torch.randn((nblocks, bs, hkv, d), generator=gen)
-        vf = torch.randn((nblocks, bs, hkv, d), generator=gen)
-        if cache_dtype == "fp8_e4m3":
-            self.k = kf.to(torch.float8_e4m3fn)
-            self.v = vf.to(torch.float8_e4m3fn)
+        shape = (nblocks, bs, hkv, d) if layout == "nhd" else (nblocks, hkv, bs, d)
+        kf = torch.randn(shape, generator=gen)
+        vf = torch.randn(shape, generator=gen)
+        lay = pa.Layout.NHD if layout == "nhd" else pa.Layout.HND
+        fp8 = {"fp8_e4m3": (torch.float8_e4m3fn if HAS_FP8 else None, pa.Dtype.FP8_E4M3),
+               "fp8_e5m2": (torch.float8_e5m2 if HAS_FP8 else None, pa.Dtype.FP8_E5M2)}
+        if cache_dtype in fp8:
+            tdt, pdt = fp8[cache_dtype]
+            self.k = kf.to(tdt)
+            self.v = vf.to(tdt)
             self.cache = pa.KVCache.wrap(be, [self.k.view(torch.uint8)], [self.v.view(torch.uint8)],
-                                         dtype=pa.Dtype.FP8_E4M3)
+                                         dtype=pdt, layout=lay)
         else:
             self.k = kf.to(torch.bfloat16)
             self.v = vf.to(torch.bfloat16)
-            self.cache = pa.KVCache.wrap(be, [self.k], [self.v])
+            self.cache = pa.KVCache.wrap(be, [self.k], [self.v], layout=lay)
         # Shuffled block tables, as a serving engine's allocator leaves them after a while.
         perm = torch.randperm(nblocks, generator=gen)[: seqs * per_seq]
         self.table = perm.view(seqs, per_seq).to(torch.int32)
@@ -117,6 +159,7 @@ class Paged:
     def gathered(self) -> tuple:
         """[seqs, kv_heads, seq_len, D] bf16 K and V gathered through the table, the plain way
         (fresh tensors each call; matmuls on the transposed views)."""
+        assert self.layout == "nhd"
         seqs = self.table.shape[0]
         k = self.k.index_select(0, self.flat).view(seqs, -1, *self.k.shape[2:])[:, : self.seq_len]
         v = self.v.index_select(0, self.flat).view(seqs, -1, *self.v.shape[2:])[:, : self.seq_len]
@@ -129,6 +172,7 @@ class Paged:
         faults per step), then one copy to contiguous [seqs, kv_heads, seq_len, D] bf16 so the
         matmuls run on contiguous operands (on the transposed views torch's bf16 matmul is ~10x
         slower)."""
+        assert self.layout == "nhd"
         seqs, width = self.table.shape
         out = []
         for name, src in (("k", self.k), ("v", self.v)):
@@ -247,6 +291,71 @@ def prefill_case(be, args, gen) -> dict:
             "times": t, "rel_err": err, "flops": flops, "tokens": B * T}
 
 
+def ipex_decode_case(be, args, cache_dtype: str, gen) -> dict:
+    """Decode over an HND cache: ours against IPEX's paged decode kernel, same cache memory."""
+    B, ctx, H, Hkv, D = args.batch, args.context, args.heads, args.kv_heads, args.head_size
+    paged = Paged(be, args, B, ctx, cache_dtype, gen, layout="hnd")
+    batch = pa.Batch(be, paged.cache, [1] * B, [ctx - 1] * B, paged.table)
+    q = torch.randn((B, H, D), generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    out_ipex = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(D)
+    head_mapping = torch.arange(Hkv, dtype=torch.int32).repeat_interleave(H // Hkv)
+    ctx_lens = torch.full((B,), ctx, dtype=torch.int32)
+
+    def ours():
+        pa.forward(be, batch, paged.cache, 0, q, out=out, write_kv=False, num_kv_heads=Hkv,
+                   scale=scale)
+
+    def ipex_paged_decode():
+        IPEX.single_query_cached_kv_attention(out_ipex, q, paged.k, paged.v, head_mapping, scale,
+                                              paged.table, ctx_lens, args.block_size, ctx, None)
+        return out_ipex
+
+    fns = {"ours": ours, "ipex_paged_decode": ipex_paged_decode}
+    ours()
+    err = rel_err(out, ipex_paged_decode())
+    t = median_ms(fns, args.rounds, args.inner)
+    kv_bytes = 2 * B * ctx * Hkv * D * paged.k.element_size()
+    return {"case": f"decode b{B} x {ctx}, {H}/{Hkv} x {D}, {cache_dtype} HND",
+            "times": t, "rel_err": err, "kv_bytes": kv_bytes, "tokens": B}
+
+
+def ipex_prefill_case(be, args, gen) -> dict:
+    """Prefill into an HND cache: ours (writes the step's K/V, then attends) against IPEX's
+    reshape_and_cache + flash_attn_varlen_func over the same block tables."""
+    B, T, H, Hkv, D = args.prefill_seqs, args.prefill_len, args.heads, args.kv_heads, args.head_size
+    bs = args.block_size
+    paged = Paged(be, args, B, T, "bfloat16", gen, layout="hnd")
+    batch = pa.Batch(be, paged.cache, [T] * B, [0] * B, paged.table)
+    q = torch.randn((B * T, H, D), generator=gen).to(torch.bfloat16)
+    k = torch.randn((B * T, Hkv, D), generator=gen).to(torch.bfloat16)
+    v = torch.randn((B * T, Hkv, D), generator=gen).to(torch.bfloat16)
+    out = torch.empty_like(q)
+    out_ipex = torch.empty_like(q)
+    scale = 1.0 / math.sqrt(D)
+    pos = torch.arange(T)
+    slots = (paged.table.long()[:, pos // bs] * bs + pos % bs).reshape(-1).to(torch.int32)
+    cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32)
+
+    def ours():
+        pa.forward(be, batch, paged.cache, 0, q, k, v, out=out, scale=scale)
+
+    def ipex_paged_prefill():
+        IPEX.reshape_and_cache(k, v, paged.k, paged.v, slots)
+        IPEX.flash_attn_varlen_func(out_ipex, q, paged.k, paged.v, cu, cu, T, T, scale, True,
+                                    paged.table, None)
+        return out_ipex
+
+    fns = {"ours": ours, "ipex_paged_prefill": ipex_paged_prefill}
+    ours()
+    err = rel_err(out, ipex_paged_prefill())
+    t = median_ms(fns, args.rounds, max(1, args.inner // 4))
+    flops = 4.0 * B * H * D * (T * (T + 1) / 2)
+    return {"case": f"prefill {B} x {T} causal, {H}/{Hkv} x {D}, bf16 HND",
+            "times": t, "rel_err": err, "flops": flops, "tokens": B * T}
+
+
 def capability() -> str:
     cpu = getattr(torch.backends, "cpu", None)
     return cpu.get_cpu_capability() if cpu is not None else "not reported by this torch"
@@ -266,7 +375,7 @@ def main() -> int:
     ap.add_argument("--prefill-len", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--inner", type=int, default=8, help="calls per round (prefill: a quarter)")
-    ap.add_argument("--cases", default="decode,fp8,prefill")
+    ap.add_argument("--cases", default="decode,fp8,prefill,ipex")
     ap.add_argument("--json", default=None, help="append the results as one JSON line here")
     args = ap.parse_args()
 
@@ -288,6 +397,14 @@ def main() -> int:
         results.append(decode_case(be, args, "fp8_e4m3", gen))
     if "prefill" in cases:
         results.append(prefill_case(be, args, gen))
+    if "ipex" in cases and IPEX is None:
+        print("ipex cases skipped: intel_extension_for_pytorch is not installed for this torch")
+    elif "ipex" in cases:
+        import intel_extension_for_pytorch as ipex
+        print(f"IPEX {ipex.__version__}: its paged kernels on HND caches")
+        results.append(ipex_decode_case(be, args, "bfloat16", gen))
+        results.append(ipex_decode_case(be, args, "fp8_e5m2", gen))
+        results.append(ipex_prefill_case(be, args, gen))
 
     bad = False
     print(f"\n{'case':<44} {'contender':<24} {'median ms':>10} {'min ms':>8} {'rate':>14} "
@@ -303,11 +420,12 @@ def main() -> int:
             print(f"{r['case']:<44} {name:<24} {med:>10.3f} {mn:>8.3f} {rate:>14} {speed:>11}")
         ok = r["rel_err"] <= 2e-2
         bad |= not ok
-        print(f"{'':<44} agreement: max|ours-torch|/max|torch| = {r['rel_err']:.2e}"
+        print(f"{'':<44} agreement: max|ours-theirs|/max|theirs| = {r['rel_err']:.2e}"
               f"{'' if ok else '  DISAGREES'}")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps({"torch": torch.__version__, "backend": be.name,
+                                "ipex": IPEX is not None,
                                 "threads": args.threads, "results": results}) + "\n")
     return 1 if bad else 0
 
