@@ -92,7 +92,9 @@ def _ipex_paged():
         os.close(null)
 
 
-IPEX = _ipex_paged()
+# Imported only when its cases are asked for, after torch's: loading IPEX replaces some of torch's
+# CPU kernels (it says so), which must not change the torch contenders' figures.
+IPEX = None
 
 
 def sdpa(q, k, v, causal: bool):
@@ -397,6 +399,9 @@ def main() -> int:
         results.append(decode_case(be, args, "fp8_e4m3", gen))
     if "prefill" in cases:
         results.append(prefill_case(be, args, gen))
+    global IPEX
+    if "ipex" in cases:
+        IPEX = _ipex_paged()
     if "ipex" in cases and IPEX is None:
         print("ipex cases skipped: intel_extension_for_pytorch is not installed for this torch")
     elif "ipex" in cases:
