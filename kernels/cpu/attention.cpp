@@ -378,7 +378,7 @@ void StoreCacheRow(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dt
 // (both at one offset), or rows of contiguous K/V (encoder, cross attention without a cache).
 HWY_INLINE void key_offsets(const AttnItem& it, int64_t pos, int64_t* koff, int64_t* voff) {
   const KVSource& s = it.kv;
-  if (s.table != nullptr) {
+  if (s.table != nullptr) {  // block sizes are powers of two: shift and mask, no division
     const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
     *koff = *voff = s.table[pos >> shift] * s.block_stride +
                     (pos & (s.block_size - 1)) * s.slot_stride + it.kv_head * s.head_stride;
@@ -424,25 +424,13 @@ HWY_INLINE void load_tile(const AttnItem& it, bool value, int64_t kt0, int nk, f
   const char* base = static_cast<const char*>(value ? s.v : s.k);
   const int64_t esz = static_cast<int64_t>(elem_size(s.dtype));
   const float scale = value ? s.v_scale : s.k_scale;
-  if (s.table != nullptr) {
-    // Block sizes are powers of two: shift and mask, no division per key.
-    const int shift = __builtin_ctz(static_cast<unsigned>(s.block_size));
-    const int64_t mask = s.block_size - 1;
-    const int64_t head = static_cast<int64_t>(it.kv_head) * s.head_stride;
-    for (int k = 0; k < nk; ++k) {
-      const int64_t pos = kt0 + k;
-      const int64_t off = s.table[pos >> shift] * s.block_stride + (pos & mask) * s.slot_stride + head;
-      load_row(base + off * esz, s.dtype, scale, dst + static_cast<size_t>(k) * Dp, it.head_size);
-      if (pos + kPrefetchKeys < pf_end) prefetch_key(it, pos + kPrefetchKeys);
-    }
-    return;
-  }
-  const int64_t rs = value ? s.v_block_stride : s.block_stride;
-  const int64_t head = static_cast<int64_t>(it.kv_head) * (value ? s.v_head_stride : s.head_stride);
   for (int k = 0; k < nk; ++k) {
-    const int64_t off = (s.row0 + kt0 + k) * rs + head;
-    load_row(base + off * esz, s.dtype, scale, dst + static_cast<size_t>(k) * Dp, it.head_size);
-    if (kt0 + k + kPrefetchKeys < pf_end) prefetch_key(it, kt0 + k + kPrefetchKeys);
+    const int64_t pos = kt0 + k;
+    int64_t koff, voff;
+    key_offsets(it, pos, &koff, &voff);
+    load_row(base + (value ? voff : koff) * esz, s.dtype, scale, dst + static_cast<size_t>(k) * Dp,
+             it.head_size);
+    if (pos + kPrefetchKeys < pf_end) prefetch_key(it, pos + kPrefetchKeys);
   }
 }
 
