@@ -19,11 +19,8 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(batch cache forward)
 build=${FUZZ_BUILDDIR:-build-fuzz}
-# The fuzzers' run path to the library: absolute, whether FUZZ_BUILDDIR is or not.
-case $build in
-  /*) build_abs=$build ;;
-  *) build_abs=$root/$build ;;
-esac
+# Absolute from here on: it goes into the fuzzers' run path, and they run from inside it.
+[[ $build == /* ]] || build=$root/$build
 CC=${FUZZ_CC:-clang}
 CXX=${FUZZ_CXX:-clang++}
 
@@ -73,7 +70,7 @@ for t in "${targets[@]}"; do
      [ "$build/lib/libpagedattn.so" -nt "$exe" ]; then
     "$CXX" -std=c++17 -O1 -g -Wall -Wextra "${san[@]}" -fsanitize=fuzzer \
       -I "$root/include" -I "$build/include" "$src" -o "$exe" \
-      -L "$build/lib" -lpagedattn -Wl,-rpath,"$build_abs/lib" ||
+      -L "$build/lib" -lpagedattn -Wl,-rpath,"$build/lib" ||
       { echo "fuzz: FAIL: compiling $t"; status=1; continue; }
   fi
   corpus="$build/corpus/$t"
@@ -83,12 +80,12 @@ for t in "${targets[@]}"; do
   # intercept_tls_get_addr=0: see scripts/sanitize (a leak check's tracer crash, not a leak).
   # Run from $build/fuzz: with -jobs, libFuzzer writes its fuzz-<n>.log files to the working
   # directory, which would otherwise be the checkout's root.
-  (cd "$build_abs/fuzz" &&
+  (cd "$build/fuzz" &&
     ASAN_OPTIONS=allocator_may_return_null=1:detect_leaks=1:halt_on_error=1:intercept_tls_get_addr=0 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    exec "$build_abs/fuzz/fuzz_$t" -max_total_time="$secs" -timeout=20 -rss_limit_mb=3072 \
+    exec "$exe" -max_total_time="$secs" -timeout=20 -rss_limit_mb=3072 \
       -max_len=4096 -print_final_stats=1 -jobs="${FUZZ_JOBS:-1}" -workers="${FUZZ_JOBS:-1}" \
-      -artifact_prefix="$build_abs/artifacts/$t-" "$build_abs/corpus/$t" "$here/corpus/$t") \
+      -artifact_prefix="$build/artifacts/$t-" "$corpus" "$here/corpus/$t") \
     > "$log" 2>&1
   rc=$?
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s+=$2} END {print s+0}')
