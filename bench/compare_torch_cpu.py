@@ -141,12 +141,12 @@ class Paged:
         kf = torch.randn(shape, generator=gen)
         vf = torch.randn(shape, generator=gen)
         lay = pa.Layout.NHD if layout == "nhd" else pa.Layout.HND
-        fp8 = {"fp8_e4m3": (torch.float8_e4m3fn if HAS_FP8 else None, pa.Dtype.FP8_E4M3),
-               "fp8_e5m2": (torch.float8_e5m2 if HAS_FP8 else None, pa.Dtype.FP8_E5M2)}
-        if cache_dtype in fp8:
-            tdt, pdt = fp8[cache_dtype]
-            self.k = kf.to(tdt)
-            self.v = vf.to(tdt)
+        fp8 = {"fp8_e4m3": ("float8_e4m3fn", pa.Dtype.FP8_E4M3),
+               "fp8_e5m2": ("float8_e5m2", pa.Dtype.FP8_E5M2)}
+        if cache_dtype in fp8:  # callers skip these where torch has no float8 (HAS_FP8)
+            tname, pdt = fp8[cache_dtype]
+            self.k = kf.to(getattr(torch, tname))
+            self.v = vf.to(getattr(torch, tname))
             self.cache = pa.KVCache.wrap(be, [self.k.view(torch.uint8)], [self.v.view(torch.uint8)],
                                          dtype=pdt, layout=lay)
         else:
@@ -200,9 +200,11 @@ def grouped_bmm(q, k, v, scale: float):
     return torch.matmul(p, v).view(B, H, D)
 
 
-def decode_case(be, args, cache_dtype: str, gen) -> dict:
-    B, ctx, H, D = args.batch, args.context, args.heads, args.head_size
-    paged = Paged(be, args, B, ctx, cache_dtype, gen)
+def decode_case(be, args, cache_dtype: str, gen, layout: str = "nhd") -> dict:
+    """Decode, ours against torch's gather-then-attend paths (NHD cache), or against IPEX's paged
+    decode kernel on the same cache memory (HND, its layout)."""
+    B, ctx, H, Hkv, D = args.batch, args.context, args.heads, args.kv_heads, args.head_size
+    paged = Paged(be, args, B, ctx, cache_dtype, gen, layout=layout)
     # The decode token's K/V are in the cache already (write_kv off): every query reads ctx keys.
     batch = pa.Batch(be, paged.cache, [1] * B, [ctx - 1] * B, paged.table)
     q = torch.randn((B, H, D), generator=gen).to(torch.bfloat16)
@@ -210,42 +212,58 @@ def decode_case(be, args, cache_dtype: str, gen) -> dict:
     scale = 1.0 / math.sqrt(D)
 
     def ours():
-        pa.forward(be, batch, paged.cache, 0, q, out=out, write_kv=False,
-                   num_kv_heads=args.kv_heads, scale=scale)
+        pa.forward(be, batch, paged.cache, 0, q, out=out, write_kv=False, num_kv_heads=Hkv,
+                   scale=scale)
 
-    qt = q.unsqueeze(2)  # [B, H, 1, D]
-    kc, vc = paged.gathered()  # contiguous copies for the no-gather lower bound
-    kc, vc = kc.contiguous(), vc.contiguous()
-
-    def torch_gather_sdpa():
-        k, v = paged.gathered()
-        return sdpa(qt, k, v, False).squeeze(2)
-
-    ws: dict = {}
-
-    def torch_gather_bmm():
-        k, v = paged.gather_into(ws)
-        return grouped_bmm(q, k, v, scale)
-
-    def torch_bmm_contig():
-        return grouped_bmm(q, kc, vc, scale)
-
-    ours()
     fns = {"ours": ours}
-    if HAS_SDPA:
-        fns["torch_gather_sdpa"] = torch_gather_sdpa
-    fns["torch_gather_bmm"] = torch_gather_bmm
-    fns["torch_bmm_contiguous"] = torch_bmm_contig
+    if layout == "nhd":
+        qt = q.unsqueeze(2)  # [B, H, 1, D]
+        kc, vc = paged.gathered()  # contiguous copies for the no-gather lower bound
+        kc, vc = kc.contiguous(), vc.contiguous()
+        ws: dict = {}
+
+        def torch_gather_sdpa():
+            k, v = paged.gathered()
+            return sdpa(qt, k, v, False).squeeze(2)
+
+        def torch_gather_bmm():
+            k, v = paged.gather_into(ws)
+            return grouped_bmm(q, k, v, scale)
+
+        def torch_bmm_contig():
+            return grouped_bmm(q, kc, vc, scale)
+
+        if HAS_SDPA:
+            fns["torch_gather_sdpa"] = torch_gather_sdpa
+        fns["torch_gather_bmm"] = torch_gather_bmm
+        fns["torch_bmm_contiguous"] = torch_bmm_contig
+    else:
+        out_ipex = torch.empty_like(q)
+        head_mapping = torch.arange(Hkv, dtype=torch.int32).repeat_interleave(H // Hkv)
+        ctx_lens = torch.full((B,), ctx, dtype=torch.int32)
+
+        def ipex_paged_decode():
+            IPEX.single_query_cached_kv_attention(out_ipex, q, paged.k, paged.v, head_mapping,
+                                                  scale, paged.table, ctx_lens, args.block_size,
+                                                  ctx, None)
+            return out_ipex
+
+        fns["ipex_paged_decode"] = ipex_paged_decode
+    ours()
     err = max(rel_err(out, f()) for name, f in fns.items() if name != "ours")
     t = median_ms(fns, args.rounds, args.inner)
-    kv_bytes = 2 * B * ctx * args.kv_heads * D * paged.k.element_size()
-    return {"case": f"decode b{B} x {ctx}, {H}/{args.kv_heads} x {D}, {cache_dtype} cache",
+    kv_bytes = 2 * B * ctx * Hkv * D * paged.k.element_size()
+    where = "cache" if layout == "nhd" else "HND"
+    return {"case": f"decode b{B} x {ctx}, {H}/{Hkv} x {D}, {cache_dtype} {where}",
             "times": t, "rel_err": err, "kv_bytes": kv_bytes, "tokens": B}
 
 
-def prefill_case(be, args, gen) -> dict:
+def prefill_case(be, args, gen, layout: str = "nhd") -> dict:
+    """Prefill (ours writes the step's K/V into the cache, then attends), against torch's SDPA on
+    contiguous q/k/v (NHD cache), or against IPEX's reshape_and_cache + flash_attn_varlen_func
+    over the same block tables (HND cache)."""
     B, T, H, Hkv, D = args.prefill_seqs, args.prefill_len, args.heads, args.kv_heads, args.head_size
-    paged = Paged(be, args, B, T, "bfloat16", gen)
+    paged = Paged(be, args, B, T, "bfloat16", gen, layout=layout)
     batch = pa.Batch(be, paged.cache, [T] * B, [0] * B, paged.table)
     q = torch.randn((B * T, H, D), generator=gen).to(torch.bfloat16)
     k = torch.randn((B * T, Hkv, D), generator=gen).to(torch.bfloat16)
@@ -253,108 +271,59 @@ def prefill_case(be, args, gen) -> dict:
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(D)
 
-    def ours():  # writes this step's K/V into the paged cache, then attends over it
+    def ours():
         pa.forward(be, batch, paged.cache, 0, q, k, v, out=out, scale=scale)
 
-    qt = q.view(B, T, H, D).transpose(1, 2)
-    kt = k.view(B, T, Hkv, D).transpose(1, 2)
-    vt = v.view(B, T, Hkv, D).transpose(1, 2)
-    qc, kc, vc = qt.contiguous(), kt.contiguous(), vt.contiguous()
-    g = H // Hkv
-    kr, vr = kc.repeat_interleave(g, dim=1), vc.repeat_interleave(g, dim=1)
-
-    def torch_gqa():
-        return sdpa(qc, kc, vc, True)
-
-    def torch_expanded():  # K/V repeated per query head beforehand (not timed)
-        return F.scaled_dot_product_attention(qc, kr, vr, is_causal=True)
-
-    def torch_matmul():  # without SDPA: per sequence, scores materialised, causal mask
-        o = torch.empty_like(qc)
-        mask = torch.ones((T, T), dtype=torch.bool).triu(1)
-        for b in range(B):
-            s = torch.matmul(qc[b], kr[b].transpose(-1, -2)).float() * scale
-            p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1).to(torch.bfloat16)
-            o[b] = torch.matmul(p, vr[b])
-        return o
-
     fns = {"ours": ours}
-    if HAS_SDPA:
-        fns["torch_sdpa_gqa" if HAS_GQA else "torch_sdpa_repeat_kv"] = torch_gqa
-        fns["torch_sdpa_expanded_kv"] = torch_expanded
+    if layout == "nhd":
+        qt = q.view(B, T, H, D).transpose(1, 2)
+        kt = k.view(B, T, Hkv, D).transpose(1, 2)
+        vt = v.view(B, T, Hkv, D).transpose(1, 2)
+        qc, kc, vc = qt.contiguous(), kt.contiguous(), vt.contiguous()
+        g = H // Hkv
+        kr, vr = kc.repeat_interleave(g, dim=1), vc.repeat_interleave(g, dim=1)
+
+        def torch_gqa():
+            return sdpa(qc, kc, vc, True)
+
+        def torch_expanded():  # K/V repeated per query head beforehand (not timed)
+            return F.scaled_dot_product_attention(qc, kr, vr, is_causal=True)
+
+        def torch_matmul():  # without SDPA: per sequence, scores materialised, causal mask
+            o = torch.empty_like(qc)
+            mask = torch.ones((T, T), dtype=torch.bool).triu(1)
+            for b in range(B):
+                s = torch.matmul(qc[b], kr[b].transpose(-1, -2)).float() * scale
+                p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1).to(torch.bfloat16)
+                o[b] = torch.matmul(p, vr[b])
+            return o
+
+        if HAS_SDPA:
+            fns["torch_sdpa_gqa" if HAS_GQA else "torch_sdpa_repeat_kv"] = torch_gqa
+            fns["torch_sdpa_expanded_kv"] = torch_expanded
+        else:
+            fns["torch_matmul_causal"] = torch_matmul
     else:
-        fns["torch_matmul_causal"] = torch_matmul
+        bs = args.block_size
+        out_ipex = torch.empty_like(q)
+        pos = torch.arange(T)
+        slots = (paged.table.long()[:, pos // bs] * bs + pos % bs).reshape(-1).to(torch.int32)
+        cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32)
+
+        def ipex_paged_prefill():  # [B, H, T, D], as the torch contenders return it
+            IPEX.reshape_and_cache(k, v, paged.k, paged.v, slots)
+            IPEX.flash_attn_varlen_func(out_ipex, q, paged.k, paged.v, cu, cu, T, T, scale, True,
+                                        paged.table, None)
+            return out_ipex.view(B, T, H, D).transpose(1, 2)
+
+        fns["ipex_paged_prefill"] = ipex_paged_prefill
     ours()
     err = max(rel_err(out, f().transpose(1, 2).reshape(B * T, H, D))
               for name, f in fns.items() if name != "ours")
     t = median_ms(fns, args.rounds, max(1, args.inner // 4))
     flops = 4.0 * B * H * D * (T * (T + 1) / 2)  # QK^T and PV, causal half
-    return {"case": f"prefill {B} x {T} causal, {H}/{Hkv} x {D}, bf16",
-            "times": t, "rel_err": err, "flops": flops, "tokens": B * T}
-
-
-def ipex_decode_case(be, args, cache_dtype: str, gen) -> dict:
-    """Decode over an HND cache: ours against IPEX's paged decode kernel, same cache memory."""
-    B, ctx, H, Hkv, D = args.batch, args.context, args.heads, args.kv_heads, args.head_size
-    paged = Paged(be, args, B, ctx, cache_dtype, gen, layout="hnd")
-    batch = pa.Batch(be, paged.cache, [1] * B, [ctx - 1] * B, paged.table)
-    q = torch.randn((B, H, D), generator=gen).to(torch.bfloat16)
-    out = torch.empty_like(q)
-    out_ipex = torch.empty_like(q)
-    scale = 1.0 / math.sqrt(D)
-    head_mapping = torch.arange(Hkv, dtype=torch.int32).repeat_interleave(H // Hkv)
-    ctx_lens = torch.full((B,), ctx, dtype=torch.int32)
-
-    def ours():
-        pa.forward(be, batch, paged.cache, 0, q, out=out, write_kv=False, num_kv_heads=Hkv,
-                   scale=scale)
-
-    def ipex_paged_decode():
-        IPEX.single_query_cached_kv_attention(out_ipex, q, paged.k, paged.v, head_mapping, scale,
-                                              paged.table, ctx_lens, args.block_size, ctx, None)
-        return out_ipex
-
-    fns = {"ours": ours, "ipex_paged_decode": ipex_paged_decode}
-    ours()
-    err = rel_err(out, ipex_paged_decode())
-    t = median_ms(fns, args.rounds, args.inner)
-    kv_bytes = 2 * B * ctx * Hkv * D * paged.k.element_size()
-    return {"case": f"decode b{B} x {ctx}, {H}/{Hkv} x {D}, {cache_dtype} HND",
-            "times": t, "rel_err": err, "kv_bytes": kv_bytes, "tokens": B}
-
-
-def ipex_prefill_case(be, args, gen) -> dict:
-    """Prefill into an HND cache: ours (writes the step's K/V, then attends) against IPEX's
-    reshape_and_cache + flash_attn_varlen_func over the same block tables."""
-    B, T, H, Hkv, D = args.prefill_seqs, args.prefill_len, args.heads, args.kv_heads, args.head_size
-    bs = args.block_size
-    paged = Paged(be, args, B, T, "bfloat16", gen, layout="hnd")
-    batch = pa.Batch(be, paged.cache, [T] * B, [0] * B, paged.table)
-    q = torch.randn((B * T, H, D), generator=gen).to(torch.bfloat16)
-    k = torch.randn((B * T, Hkv, D), generator=gen).to(torch.bfloat16)
-    v = torch.randn((B * T, Hkv, D), generator=gen).to(torch.bfloat16)
-    out = torch.empty_like(q)
-    out_ipex = torch.empty_like(q)
-    scale = 1.0 / math.sqrt(D)
-    pos = torch.arange(T)
-    slots = (paged.table.long()[:, pos // bs] * bs + pos % bs).reshape(-1).to(torch.int32)
-    cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32)
-
-    def ours():
-        pa.forward(be, batch, paged.cache, 0, q, k, v, out=out, scale=scale)
-
-    def ipex_paged_prefill():
-        IPEX.reshape_and_cache(k, v, paged.k, paged.v, slots)
-        IPEX.flash_attn_varlen_func(out_ipex, q, paged.k, paged.v, cu, cu, T, T, scale, True,
-                                    paged.table, None)
-        return out_ipex
-
-    fns = {"ours": ours, "ipex_paged_prefill": ipex_paged_prefill}
-    ours()
-    err = rel_err(out, ipex_paged_prefill())
-    t = median_ms(fns, args.rounds, max(1, args.inner // 4))
-    flops = 4.0 * B * H * D * (T * (T + 1) / 2)
-    return {"case": f"prefill {B} x {T} causal, {H}/{Hkv} x {D}, bf16 HND",
+    where = "" if layout == "nhd" else " HND"
+    return {"case": f"prefill {B} x {T} causal, {H}/{Hkv} x {D}, bf16{where}",
             "times": t, "rel_err": err, "flops": flops, "tokens": B * T}
 
 
@@ -405,11 +374,11 @@ def main() -> int:
     if "ipex" in cases and IPEX is None:
         print("ipex cases skipped: intel_extension_for_pytorch is not installed for this torch")
     elif "ipex" in cases:
-        import intel_extension_for_pytorch as ipex
+        import intel_extension_for_pytorch as ipex  # loaded already: for its version
         print(f"IPEX {ipex.__version__}: its paged kernels on HND caches")
-        results.append(ipex_decode_case(be, args, "bfloat16", gen))
-        results.append(ipex_decode_case(be, args, "fp8_e5m2", gen))
-        results.append(ipex_prefill_case(be, args, gen))
+        results.append(decode_case(be, args, "bfloat16", gen, layout="hnd"))
+        results.append(decode_case(be, args, "fp8_e5m2", gen, layout="hnd"))
+        results.append(prefill_case(be, args, gen, layout="hnd"))
 
     bad = False
     print(f"\n{'case':<44} {'contender':<24} {'median ms':>10} {'min ms':>8} {'rate':>14} "
