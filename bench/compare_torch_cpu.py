@@ -371,14 +371,14 @@ def main() -> int:
     global IPEX
     if "ipex" in cases:
         IPEX = _ipex_paged()
-    if "ipex" in cases and IPEX is None:
-        print("ipex cases skipped: intel_extension_for_pytorch is not installed for this torch")
-    elif "ipex" in cases:
-        import intel_extension_for_pytorch as ipex  # loaded already: for its version
-        print(f"IPEX {ipex.__version__}: its paged kernels on HND caches")
-        results.append(decode_case(be, args, "bfloat16", gen, layout="hnd"))
-        results.append(decode_case(be, args, "fp8_e5m2", gen, layout="hnd"))
-        results.append(prefill_case(be, args, gen, layout="hnd"))
+        if IPEX is None:
+            print("ipex cases skipped: intel_extension_for_pytorch is not installed for this torch")
+        else:
+            import intel_extension_for_pytorch as ipex  # loaded already: for its version
+            print(f"IPEX {ipex.__version__}: its paged kernels on HND caches")
+            results.append(decode_case(be, args, "bfloat16", gen, layout="hnd"))
+            results.append(decode_case(be, args, "fp8_e5m2", gen, layout="hnd"))
+            results.append(prefill_case(be, args, gen, layout="hnd"))
 
     bad = False
     print(f"\n{'case':<44} {'contender':<24} {'median ms':>10} {'min ms':>8} {'rate':>14} "
