@@ -52,7 +52,7 @@ const char* name_of(pagedattn_dtype dt) {
 // The cache write's stores (store_cache_row) against store_elem(load_elem(...)), bit for bit
 // but for NaN payloads as above, on one target: from float32 (every upper half with eight
 // lower halves, rounding ties among them), float16 and bf16 (every pattern), to each cache dtype
-// that differs, fp8 at four scales. Rows of 200 elements, so a vector's tail runs too.
+// that differs, fp8 at seven scales. Rows of 200 elements, so a vector's tail runs too.
 int check_stores(const char* tname, uint32_t target_index) {
   const pagedattn_dtype srcs[] = {PAGEDATTN_DTYPE_FLOAT32, PAGEDATTN_DTYPE_FLOAT16,
                                   PAGEDATTN_DTYPE_BFLOAT16};
@@ -83,8 +83,11 @@ int check_stores(const char* tname, uint32_t target_index) {
     for (pagedattn_dtype ddt : dsts) {
       if (ddt == sdt) continue;
       const bool fp8 = ddt == PAGEDATTN_DTYPE_FP8_E4M3 || ddt == PAGEDATTN_DTYPE_FP8_E5M2;
-      const float scales[] = {1.0f, 0.5f, 3.0f, 0.3f};
-      for (int si = 0; si < (fp8 ? 4 : 1); ++si) {
+      // Powers of two take the multiply by 1 / scale (0x1p-126f's reciprocal is 2^126, 0x1p127f's
+      // the subnormal 2^-127, both exact); the others divide.
+      const float scales[] = {1.0f, 0.5f, 3.0f, 0.3f, 0x1p-126f, 0x1p127f, 0x1p-20f};
+      const int nscales = static_cast<int>(sizeof(scales) / sizeof(scales[0]));
+      for (int si = 0; si < (fp8 ? nscales : 1); ++si) {
         const float scale = scales[si];
         const size_t dsz = pa_cpu::elem_size(ddt);
         std::vector<unsigned char> got(static_cast<size_t>(count) * dsz, 0xA5);
