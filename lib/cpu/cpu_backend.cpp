@@ -157,6 +157,12 @@ void free_batch(void* state, pa_batch* batch) {
   batch->backend_data = nullptr;
 }
 
+// Cache-write rows per parallel_for index: up to 64, but at least one index per worker, so a
+// decode step's few rows (one per sequence) are converted on every thread.
+int64_t write_chunk(int64_t n, int workers) {
+  return std::max<int64_t>(1, std::min<int64_t>(64, (n + workers - 1) / std::max(workers, 1)));
+}
+
 // ---- forward ----
 
 // How one sequence's rows are cut: heads per item and tokens per item; decode sequences (one
@@ -355,7 +361,7 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
         w.n = bt.num_tokens;
       }
       if (w.n > 0 && w.slots != nullptr) {
-        const int64_t chunk = 64;
+        const int64_t chunk = write_chunk(w.n, pool.size());
         pool.parallel_for((w.n + chunk - 1) / chunk, [&](int64_t c, int) {
           cache_write_rows(ti, w, c * chunk, std::min(w.n, (c + 1) * chunk));
         });
@@ -573,7 +579,7 @@ void free_mem(void* state, void* ptr, int32_t /*host*/) { raw_free(static_cast<B
 pagedattn_status cache_write(void* state, const pa_write_args* args, char* msg) {
   auto* b = static_cast<Backend*>(state);
   try {
-    const int64_t chunk = 64;
+    const int64_t chunk = write_chunk(args->n, b->pool->size());
     const uint32_t ti = b->target.index;
     b->pool->parallel_for((args->n + chunk - 1) / chunk, [&](int64_t c, int) {
       cache_write_rows(ti, *args, c * chunk, std::min(args->n, (c + 1) * chunk));
