@@ -353,6 +353,22 @@ HWY_INLINE float exact_reciprocal(float scale) {
   return (b & 0x807FFFFFu) == 0 && e >= 1 && e <= 253 ? 1.0f / scale : 0.0f;
 }
 
+// store_fp8_row for a runtime source dtype (bf16_src: bf16, else float32) and scale: a multiply
+// by 1 / scale where that is exact (scale 1, the usual case; the division was ~1/5 of the
+// conversion's time on Zen 4), else a division.
+template <int E, int M>
+HWY_INLINE void store_fp8_any(uint8_t* HWY_RESTRICT o, const void* HWY_RESTRICT src, int n,
+                              bool bf16_src, float scale) {
+  const float inv = exact_reciprocal(scale);
+  if (inv != 0.0f) {
+    if (bf16_src) store_fp8_row<E, M, true, true>(o, src, n, inv);
+    else store_fp8_row<E, M, true, false>(o, src, n, inv);
+  } else {
+    if (bf16_src) store_fp8_row<E, M, false, true>(o, src, n, scale);
+    else store_fp8_row<E, M, false, false>(o, src, n, scale);
+  }
+}
+
 // bf16 bits of x in int32 lanes, as f32_to_bf16: nearest even; NaN stays NaN, quieted.
 HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> bf16_codes(hn::Vec<DF> x) {
   const hn::RebindToSigned<DF> di;
@@ -395,31 +411,15 @@ HWY_INLINE void store_cache_row(void* dst, pagedattn_dtype ddt, const void* src,
     }
     case PAGEDATTN_DTYPE_FP8_E4M3:
     case PAGEDATTN_DTYPE_FP8_E5M2: {
-      // A multiply where it is exact (scale 1, the usual case): the division was ~1/5 of the
-      // conversion's time (Zen 4).
       // bf16 and float32 rows are read in place, other dtypes from tmp.
-      uint8_t* o = static_cast<uint8_t*>(dst);
-      const float inv = exact_reciprocal(scale);
       const bool bf = sdt == PAGEDATTN_DTYPE_BFLOAT16;
       const void* from = bf || sdt == PAGEDATTN_DTYPE_FLOAT32 ? src : tmp;
+      uint8_t* o = static_cast<uint8_t*>(dst);
       i = n / N * N;
-      if (ddt == PAGEDATTN_DTYPE_FP8_E4M3) {
-        if (inv != 0.0f) {
-          bf ? store_fp8_row<4, 3, true, true>(o, from, i, inv)
-             : store_fp8_row<4, 3, true, false>(o, from, i, inv);
-        } else {
-          bf ? store_fp8_row<4, 3, false, true>(o, from, i, scale)
-             : store_fp8_row<4, 3, false, false>(o, from, i, scale);
-        }
-      } else {
-        if (inv != 0.0f) {
-          bf ? store_fp8_row<5, 2, true, true>(o, from, i, inv)
-             : store_fp8_row<5, 2, true, false>(o, from, i, inv);
-        } else {
-          bf ? store_fp8_row<5, 2, false, true>(o, from, i, scale)
-             : store_fp8_row<5, 2, false, false>(o, from, i, scale);
-        }
-      }
+      if (ddt == PAGEDATTN_DTYPE_FP8_E4M3)
+        store_fp8_any<4, 3>(o, from, i, bf, scale);
+      else
+        store_fp8_any<5, 2>(o, from, i, bf, scale);
       break;
     }
     default:  // float16: scalar (Highway's software f16 rounding is not store_elem's everywhere)
