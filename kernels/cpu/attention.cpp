@@ -395,9 +395,10 @@ HWY_INLINE void store_cache_row(void* dst, pagedattn_dtype ddt, const void* src,
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
   HWY_ALIGN float tmp[kMaxHeadSize];
+  // fp8 stores read bf16 and float32 rows in place; everything else goes through tmp.
   const bool fp8 = ddt == PAGEDATTN_DTYPE_FP8_E4M3 || ddt == PAGEDATTN_DTYPE_FP8_E5M2;
-  if (!fp8 || (sdt != PAGEDATTN_DTYPE_BFLOAT16 && sdt != PAGEDATTN_DTYPE_FLOAT32))
-    load_row(src, sdt, 1.0f, tmp, n);
+  const bool in_place = fp8 && (sdt == PAGEDATTN_DTYPE_BFLOAT16 || sdt == PAGEDATTN_DTYPE_FLOAT32);
+  if (!in_place) load_row(src, sdt, 1.0f, tmp, n);
   int i = 0;
   switch (ddt) {
     case PAGEDATTN_DTYPE_FLOAT32:
@@ -411,9 +412,8 @@ HWY_INLINE void store_cache_row(void* dst, pagedattn_dtype ddt, const void* src,
     }
     case PAGEDATTN_DTYPE_FP8_E4M3:
     case PAGEDATTN_DTYPE_FP8_E5M2: {
-      // bf16 and float32 rows are read in place, other dtypes from tmp.
       const bool bf = sdt == PAGEDATTN_DTYPE_BFLOAT16;
-      const void* from = bf || sdt == PAGEDATTN_DTYPE_FLOAT32 ? src : tmp;
+      const void* from = in_place ? src : tmp;
       uint8_t* o = static_cast<uint8_t*>(dst);
       i = n / N * N;
       if (ddt == PAGEDATTN_DTYPE_FP8_E4M3)
@@ -1682,20 +1682,6 @@ HWY_INLINE int dp_q_dim_fp8(int x) {
   return (x & ~63) + 16 * (w >> 3) + 8 * v + (w & 7);
 }
 
-// f32_to_bf16 of 16 floats (nearest even; NaN quieted, as convert.h), in the low halves of the
-// dwords. Not vcvtneps2bf16: it flushes subnormals, which f32_to_bf16 keeps.
-PA_DP_ATTR HWY_INLINE __m512i dp_bf16_words(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i r = _mm512_srli_epi32(
-      _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF),
-                                           _mm512_and_si512(_mm512_srli_epi32(u, 16),
-                                                            _mm512_set1_epi32(1)))),
-      16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
-      _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
-  return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-}
-
 // A q row of Dq floats (zero past D) as bf16 in the fp8 scores' dim order (dp_q_dim_fp8): in
 // each group of 64, the 8-dim chunks 0, 2, 4, 6, then 1, 3, 5, 7. Vectorised: the scalar loop
 // was ~1/3 of a one-key decode item (Zen 4).
@@ -1704,7 +1690,8 @@ PA_DP_ATTR HWY_INLINE void dp_q_row_fp8(const float* HWY_RESTRICT qf, int Dq,
   for (int c = 0; c < Dq; c += 64) {
     HWY_UNROLL(4)
     for (int j = 0; j < 4; ++j) {  // chunks 2j and 2j + 1
-      const __m256i w = _mm512_cvtepi32_epi16(dp_bf16_words(_mm512_loadu_ps(qf + c + 16 * j)));
+      // bf16_codes: f32_to_bf16's rounding (vcvtneps2bf16 would flush subnormals).
+      const __m256i w = _mm512_cvtepi32_epi16(bf16_codes(hn::LoadU(DF(), qf + c + 16 * j)).raw);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + c + 8 * j), _mm256_castsi256_si128(w));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + c + 32 + 8 * j),
                        _mm256_extracti128_si256(w, 1));
