@@ -1783,7 +1783,7 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
   for (int r = 0; r < R; ++r) memcpy(s + r * kKeyTile + k, tmp + r * KB, sizeof(float) * KB);
 }
 
-// Scores of R rows against keys [0, nk) of kp (padded with a zero row to a multiple of 16).
+// Scores of R rows against keys [0, nk) of kp (nk a multiple of 16 / R; zero rows past the keys).
 template <int DT, int R>
 PA_DP_ATTR HWY_INLINE void dp_score_rows(const uint16_t* q16, int Dq, int D, const void* const* kp,
                                          int nk, float* s, PfStream* pf, const Fp8Lut& L,
@@ -1920,21 +1920,33 @@ PA_DP_ATTR HWY_INLINE void dp_fold_l(Scratch* sc, int r0, int r1) {
 }
 
 // softmax_tile's bf16-weight pass for a tile that every row sees whole, with no soft cap or ALiBi
-// (most tiles of a decode), in registers: scale, max, online-softmax update, exp, and the weights
+// (a decode's tiles), in registers: scale, max, online-softmax update, exp, and the weights
 // rounded to bf16 straight into p16 (kKeyTile = 32 of them per row: two vectors). l adds up the
 // rounded weights, as softmax_tile's does, so P.V divides by exactly the weights it used; it does
 // so in the 16 lanes of lv (dp_fold_l sums them), and the tile's maximum reaches every lane by
 // shuffles, so a row takes no horizontal sum and no scalar round trip unless its maximum grows.
+// Partial: only the first nk keys of the tile exist (a sequence's last tile); the other lanes'
+// scores are not read (they may be stale) and their weights are 0, as softmax_tile gives them.
+// At b16 x 1 (one key a sequence) that tile had gone through softmax_tile: ~28% of the call.
 static_assert(kKeyTile == 32, "dp_softmax_full holds a row's scores in two vectors");
+template <bool Partial = false>
 PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows, int D,
-                                           float sfac) {
+                                           float sfac, int nk = kKeyTile) {
   const __m512 vf = _mm512_set1_ps(sfac);
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __mmask16 k0 = Partial ? static_cast<__mmask16>(nk >= 16 ? 0xFFFF : (1u << nk) - 1) : 0;
+  const __mmask16 k1 = Partial ? static_cast<__mmask16>(nk <= 16 ? 0 : (1u << (nk - 16)) - 1) : 0;
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int r = 0; r < rows; ++r) {
     const float* s = sc->s + r * kKeyTile;
-    const __m512 s0 = _mm512_mul_ps(_mm512_load_ps(s), vf);
-    const __m512 s1 = _mm512_mul_ps(_mm512_load_ps(s + 16), vf);
-    __m512 mx = _mm512_max_ps(s0, s1);
+    // Missing keys score 0 here (finite, so exp stays finite until their weights are zeroed)
+    // and -inf for the maximum.
+    const __m512 s0 = _mm512_mul_ps(Partial ? _mm512_maskz_load_ps(k0, s) : _mm512_load_ps(s), vf);
+    const __m512 s1 =
+        _mm512_mul_ps(Partial ? _mm512_maskz_load_ps(k1, s + 16) : _mm512_load_ps(s + 16), vf);
+    __m512 mx = Partial ? _mm512_max_ps(_mm512_mask_blend_ps(k0, ninf, s0),
+                                        _mm512_mask_blend_ps(k1, ninf, s1))
+                        : _mm512_max_ps(s0, s1);
     mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0x4E));
     mx = _mm512_max_ps(mx, _mm512_shuffle_f32x4(mx, mx, 0xB1));
     mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0x4E));
@@ -1947,8 +1959,12 @@ PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows,
       raise_max(sc, r, mt, D);
     }
     float* lv = sc->lv + 16 * r;
-    const __m512 p0 = dp_exp(_mm512_sub_ps(s0, vm));
-    const __m512 p1 = dp_exp(_mm512_sub_ps(s1, vm));
+    __m512 p0 = dp_exp(_mm512_sub_ps(s0, vm));
+    __m512 p1 = dp_exp(_mm512_sub_ps(s1, vm));
+    if constexpr (Partial) {
+      p0 = _mm512_maskz_mov_ps(k0, p0);
+      p1 = _mm512_maskz_mov_ps(k1, p1);
+    }
     const __m512i pb = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
     _mm512_store_si512(p16 + r * kKeyTile, pb);
     // Back to float32: each dword holds two weights, the low one (<< 16) and the high one.
@@ -2075,6 +2091,8 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
     const int nk16 = (nk + 15) & ~15;
+    // Keys a pass of R rows scores: nk rounded up to its blocks of 16 / R (zero rows past nk).
+    auto score_keys_of = [nk](int R) { return (nk + 16 / R - 1) / (16 / R) * (16 / R); };
     const void** kptr = ptrs[cur][0];
     const void** vptr = ptrs[cur][1];
     int next_n = 0;
@@ -2088,7 +2106,7 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
     spans.add(&pf, ptrs[cur ^ 1][0], next_n, kt0 + kKeyTile);
     // pf.step() calls of one head's scores: one per score block of 16 / R keys.
     int64_t score_steps = 0;
-    for (int i = 0; i < npass; ++i) score_steps += nk16 * pass_rows[i] / 16;
+    for (int i = 0; i < npass; ++i) score_steps += score_keys_of(pass_rows[i]) * pass_rows[i] / 16;
     pf.plan(static_cast<int64_t>(kvn) * score_steps);
     for (int h = 0; h < kvn; ++h) {
       const void* const* kh = by_offset ? kptr : head_rows(kptr, h, nk16);
@@ -2098,21 +2116,25 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
         const uint16_t* qr = q16 + r * Dq;
         float* sr = sc->s + r * kKeyTile;
         switch (pass_rows[i]) {
-          case 4: dp_score_rows<DT, 4>(qr, Dq, D, kh, nk16, sr, &pf, L, off); break;
-          case 2: dp_score_rows<DT, 2>(qr, Dq, D, kh, nk16, sr, &pf, L, off); break;
-          default: dp_score_rows<DT, 1>(qr, Dq, D, kh, nk16, sr, &pf, L, off); break;
+          case 4: dp_score_rows<DT, 4>(qr, Dq, D, kh, score_keys_of(4), sr, &pf, L, off); break;
+          case 2: dp_score_rows<DT, 2>(qr, Dq, D, kh, score_keys_of(2), sr, &pf, L, off); break;
+          default: dp_score_rows<DT, 1>(qr, Dq, D, kh, score_keys_of(1), sr, &pf, L, off); break;
         }
       }
     }
     pf.flush();
     spans.add(&pf, ptrs[cur ^ 1][1], next_n, kt0 + kKeyTile);
-    pf.plan(static_cast<int64_t>(kvn) * npv * dp_pv_groups<DT>(D) * (nk16 / 2));
+    const int nk2 = (nk + 1) & ~1;
+    pf.plan(static_cast<int64_t>(kvn) * npv * dp_pv_groups<DT>(D) * (nk2 / 2));
     cur ^= 1;
-    bool full = plain && nk == kKeyTile;
-    for (int t = 0; full && t < ntok; ++t)
-      full = item_row_lo(it, t) <= kt0 && kt0 + nk - 1 <= item_row_hi(it, t);
-    if (full) {
+    // Every row sees all nk keys of the tile (a decode's tiles, its last one included).
+    bool whole = plain;
+    for (int t = 0; whole && t < ntok; ++t)
+      whole = item_row_lo(it, t) <= kt0 && kt0 + nk - 1 <= item_row_hi(it, t);
+    if (whole && nk == kKeyTile) {
       dp_softmax_full(sc, p16, rows, Dq, sfac);
+    } else if (whole) {
+      dp_softmax_full<true>(sc, p16, rows, Dq, sfac, nk);
     } else {
       dp_fold_l(sc, 0, rows);  // softmax_tile reads and rescales l
       if (!softmax_tile(it, sc, kt0, nk, plain, Dq, sfac, true)) {
@@ -2125,7 +2147,6 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
         _mm512_store_si512(p16 + r * kKeyTile, (__m512i)pb);
       }
     }
-    const int nk2 = (nk + 1) & ~1;
     for (int h = 0; h < kvn; ++h) {
       const void* const* vh = by_offset ? vptr : head_rows(vptr, h, nk2);
       const int64_t off = by_offset ? h * head_bytes : 0;
