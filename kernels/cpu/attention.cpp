@@ -957,19 +957,26 @@ HWY_INLINE void permute_pairs(float* x, int n, bool to_pairs) {
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// Sixteen accumulators -> one vector: lane 4c + m = sum of a[4m + c].
+// Sixteen accumulators -> one vector: lane i = the sum of a[i]'s lanes. The two rounds within
+// 128-bit blocks come first, on 16 and 8 vectors; the two across blocks last, on 4 and 2. Zen 4
+// runs block-internal shuffles beside vdpbf16ps but not cross-block ones (24 + 24 of them take
+// 36.5 cycles, 24 + 24 unpacks 24), so this order takes 6 cross-block shuffles, not 24.
 HWY_INLINE __m512 reduce16(const __m512* a) {
-  __m512 u[8], w[4], z[2];
+  __m512 u[8], w[4];
+  // u[i], each block: a[2i]'s lanes 0+2, a[2i+1]'s 0+2, a[2i]'s 1+3, a[2i+1]'s 1+3.
   for (int i = 0; i < 8; ++i)
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i)
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)
-    z[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
-  return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+    u[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  // w[j], each block: the block sums of a[4j], a[4j + 1], a[4j + 2], a[4j + 3].
+  for (int j = 0; j < 4; ++j)
+    w[j] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * j], u[2 * j + 1], 0x44),
+                         _mm512_shuffle_ps(u[2 * j], u[2 * j + 1], 0xEE));
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x44),
+                                   _mm512_shuffle_f32x4(w[0], w[1], 0xEE));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x44),
+                                   _mm512_shuffle_f32x4(w[2], w[3], 0xEE));
+  // Block j: w[j]'s four blocks summed.
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, 0x88), _mm512_shuffle_f32x4(x01, x23, 0xDD));
 }
 #endif
 
@@ -1151,7 +1158,7 @@ HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const
     HWY_UNROLL(4)
     for (int b = 0; b < 4; ++b) {
       HWY_UNROLL(4)
-      for (int j = 0; j < 4; ++j) v[4 * b + j] = a[b][j].raw;
+      for (int j = 0; j < 4; ++j) v[4 * j + b] = a[b][j].raw;
     }
     alignas(64) float t[16];
     _mm512_store_ps(t, reduce16(v));
@@ -1730,12 +1737,9 @@ HWY_INLINE __mmask64 first_bytes(int n) {
   return n >= 64 ? ~0ull : static_cast<__mmask64>((1ull << n) - 1ull);
 }
 
-// Accumulator slot of (row r, key b) in a block of R rows x 16/R keys, so that reduce16 leaves
-// row r's keys in lanes [r * 16/R, (r + 1) * 16/R).
-constexpr int dp_slot(int R, int r, int b) {
-  const int lane = r * (16 / R) + b;
-  return 4 * (lane & 3) + (lane >> 2);
-}
+// Accumulator slot of (row r, key b) in a block of R rows x 16/R keys: reduce16 leaves row r's
+// keys in lanes [r * 16/R, (r + 1) * 16/R).
+constexpr int dp_slot(int R, int r, int b) { return r * (16 / R) + b; }
 
 // One chunk of dims [i, i + C) (C = 32 bf16, 64 fp8) of the scores of R rows (q16 at stride Dq
 // words) against 16/R keys from kp[k], into the 16 accumulators a (lanes as dp_slot). Each key
