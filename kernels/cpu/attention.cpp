@@ -1958,6 +1958,31 @@ constexpr int dp_pv_groups(int D) {
   return dp_fp8(DT) ? (D + 63) / 64 : D / 64 + (D % 64 >= 32) + (D % 32 != 0);
 }
 
+// One pass of R rows (a head's rows, pass_rows / pv_rows in AttentionItemDp): its scores, and
+// its P.V. Pf as in dp_score_rows and dp_acc_group.
+template <int DT, bool Pf>
+PA_DP_ATTR HWY_INLINE void dp_score_pass(int R, const uint16_t* qr, int Dq, int D,
+                                         const void* const* kh, int nk, float* sr, PfStream* pf,
+                                         const DpPf& P, const Fp8Lut& L, int64_t off) {
+  switch (R) {
+    case 4: dp_score_rows<DT, 4, Pf>(qr, Dq, D, kh, nk, sr, pf, P, L, off); break;
+    case 2: dp_score_rows<DT, 2, Pf>(qr, Dq, D, kh, nk, sr, pf, P, L, off); break;
+    default: dp_score_rows<DT, 1, Pf>(qr, Dq, D, kh, nk, sr, pf, P, L, off); break;
+  }
+}
+template <int DT, bool Pf>
+PA_DP_ATTR HWY_INLINE void dp_acc_pass(int R, float* acc, int Dq, int D, const uint16_t* pr,
+                                       const void* const* vh, int nk, PfStream* pf,
+                                       const DpPf& P, const Fp8Lut& L, int64_t off) {
+  switch (R) {
+    case 5: dp_acc_rows<DT, 5, Pf>(acc, Dq, D, pr, vh, nk, pf, P, L, off); break;
+    case 4: dp_acc_rows<DT, 4, Pf>(acc, Dq, D, pr, vh, nk, pf, P, L, off); break;
+    case 3: dp_acc_rows<DT, 3, Pf>(acc, Dq, D, pr, vh, nk, pf, P, L, off); break;
+    case 2: dp_acc_rows<DT, 2, Pf>(acc, Dq, D, pr, vh, nk, pf, P, L, off); break;
+    default: dp_acc_rows<DT, 1, Pf>(acc, Dq, D, pr, vh, nk, pf, P, L, off); break;
+  }
+}
+
 // exp(x) as 2^n 2^f, n = round(x log2 e), f in [-1/2, 1/2]: 2^f by a degree-5 polynomial
 // (minimax for relative error, 1.6e-7, about an f32 ulp; x log2 e itself is rounded, which adds
 // |x| 1e-7 relative: 2e-6 at x = -20, below which the weight is < 2e-9), 2^n by vscalefps, which
@@ -2209,19 +2234,10 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
         float* sr = sc->s + r * kKeyTile;
         const int R = pass_rows[i];
         const int nks = score_keys_of(R);
-        if (dp_fp8(DT) && i == 0) {  // bf16: PfStream turns in every pass
-          switch (R) {
-            case 4: dp_score_rows<DT, 4, true>(qr, Dq, D, kh, nks, sr, &pf, P, L, off); break;
-            case 2: dp_score_rows<DT, 2, true>(qr, Dq, D, kh, nks, sr, &pf, P, L, off); break;
-            default: dp_score_rows<DT, 1, true>(qr, Dq, D, kh, nks, sr, &pf, P, L, off); break;
-          }
-        } else {
-          switch (R) {
-            case 4: dp_score_rows<DT, 4, false>(qr, Dq, D, kh, nks, sr, &pf, P, L, off); break;
-            case 2: dp_score_rows<DT, 2, false>(qr, Dq, D, kh, nks, sr, &pf, P, L, off); break;
-            default: dp_score_rows<DT, 1, false>(qr, Dq, D, kh, nks, sr, &pf, P, L, off); break;
-          }
-        }
+        if (dp_fp8(DT) && i == 0)  // bf16: PfStream turns in every pass
+          dp_score_pass<DT, true>(R, qr, Dq, D, kh, nks, sr, &pf, P, L, off);
+        else
+          dp_score_pass<DT, false>(R, qr, Dq, D, kh, nks, sr, &pf, P, L, off);
       }
     }
     const int nk2 = (nk + 1) & ~1;
@@ -2260,23 +2276,10 @@ PA_DP_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc) {
       for (int i = 0; i < npv; r += pv_rows[i++]) {
         float* acc = sc->acc + r * Dq;
         const uint16_t* pr = p16 + r * kKeyTile;
-        if (dp_fp8(DT) && i == 0) {  // bf16: PfStream turns in every pass
-          switch (pv_rows[i]) {
-            case 5: dp_acc_rows<DT, 5, true>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-            case 4: dp_acc_rows<DT, 4, true>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-            case 3: dp_acc_rows<DT, 3, true>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-            case 2: dp_acc_rows<DT, 2, true>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-            default: dp_acc_rows<DT, 1, true>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-          }
-        } else {
-          switch (pv_rows[i]) {
-            case 5: dp_acc_rows<DT, 5, false>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-            case 4: dp_acc_rows<DT, 4, false>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-            case 3: dp_acc_rows<DT, 3, false>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-            case 2: dp_acc_rows<DT, 2, false>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-            default: dp_acc_rows<DT, 1, false>(acc, Dq, D, pr, vh, nk2, &pf, P, L, off); break;
-          }
-        }
+        if (dp_fp8(DT) && i == 0)
+          dp_acc_pass<DT, true>(pv_rows[i], acc, Dq, D, pr, vh, nk2, &pf, P, L, off);
+        else
+          dp_acc_pass<DT, false>(pv_rows[i], acc, Dq, D, pr, vh, nk2, &pf, P, L, off);
       }
     }
     pf.flush();
