@@ -17,9 +17,16 @@ namespace pa_cpu {
 namespace {
 
 uint32_t index_of(int64_t bit) {
+#if (HWY_TARGETS & (HWY_TARGETS - 1)) == 0
+  // One compiled target (simd_targets=native where the CPU's best is also the static target,
+  // e.g. -march=native on Sapphire Rapids): HWY_EXPORT then makes single-entry tables.
+  (void)bit;
+  return 0;
+#else
   const int64_t mask =
       (HWY_CHOSEN_TARGET_SHIFT(bit) | HWY_CHOSEN_TARGET_MASK_SCALAR) & HWY_CHOSEN_TARGET_MASK_TARGETS;
   return static_cast<uint32_t>(hwy::Num0BitsBelowLS1Bit_Nonzero64(static_cast<uint64_t>(mask)));
+#endif
 }
 
 // The pseudo target on top of AVX3_DL: decode through AVX512_BF16 dot products (attention.cpp).
