@@ -5,6 +5,11 @@
 // switch another backend (or the oneDNN plugin's use of these kernels) in the same process.
 #include <stdio.h>
 #include <string.h>
+#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <string>
 
@@ -40,28 +45,56 @@ bool cpu_has_bf16_dp() {
 #endif
 }
 
+// The pseudo target on top of AVX3_BF16: the decode's scores on AMX-BF16 tiles.
+constexpr const char* kAmxName = "AVX3_AMX";
+
+// AMX-BF16 in the CPU, and the tile data state granted to this process: Linux hands it out only
+// on request (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once per process; a kernel or
+// hypervisor that does not enable it refuses, and the decode stays on AVX512_BF16.
+bool cpu_has_amx() {
+#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64)) && (HWY_TARGETS & HWY_AVX3_DL)
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    const bool tile = (d >> 24) & 1u, bf16 = (d >> 22) & 1u;
+    if (!tile || !bf16) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 bool target_select(const char* name, Target* out, char* msg) {
   const int64_t runnable = hwy::SupportedTargets() & HWY_TARGETS;
   const bool dp_ok = (runnable & HWY_AVX3_DL) != 0 && cpu_has_bf16_dp();
+  const bool amx_ok = dp_ok && cpu_has_amx();
   out->bf16_dp = false;
+  out->amx = false;
   if (name == nullptr || name[0] == '\0') {
     const int64_t best = runnable & -runnable;  // lower bit = better target
     out->bit = best;
     out->name = hwy::TargetName(best);
     out->index = index_of(best);
     if (best == HWY_AVX3_DL && dp_ok) {
-      out->name = kBf16DpName;
+      out->name = amx_ok ? kAmxName : kBf16DpName;
       out->bf16_dp = true;
+      out->amx = amx_ok;
     }
     return true;
   }
-  if (strcmp(name, kBf16DpName) == 0 && dp_ok) {
+  const bool amx_named = strcmp(name, kAmxName) == 0;
+  if ((strcmp(name, kBf16DpName) == 0 && dp_ok) || (amx_named && amx_ok)) {
     out->bit = HWY_AVX3_DL;
-    out->name = kBf16DpName;
+    out->name = amx_named ? kAmxName : kBf16DpName;
     out->index = index_of(HWY_AVX3_DL);
     out->bf16_dp = true;
+    out->amx = amx_named;
     return true;
   }
   // The portable fallback is EMU128 or SCALAR depending on the compiler (Highway uses SCALAR
@@ -78,6 +111,7 @@ bool target_select(const char* name, Target* out, char* msg) {
     }
   }
   std::string list = dp_ok ? kBf16DpName : "";
+  if (amx_ok) list = std::string(kAmxName) + ", " + list;
   for (int64_t t = runnable; t != 0; t &= t - 1) {
     if (!list.empty()) list += ", ";
     list += hwy::TargetName(t & -t);
