@@ -2105,7 +2105,8 @@ struct AmxTileCfg {
   uint8_t rows[16];
 };
 
-// Tiles: 0 the scores (16 keys x G float32), 1 K (16 keys x 32 dims), 2 q (16 dim pairs x G).
+// Tiles: 0 the scores (16 keys x G float32), 1 K (16 keys x 32 dims) or V (16 key pairs x 16
+// dims), 2 q (16 dim pairs x G), 3 P (G rows x 32 keys), 4-7 accumulators (G rows x 16 dims).
 PA_AMX_ATTR HWY_INLINE void dp_amx_configure(int G) {
   AmxTileCfg cfg;
   memset(&cfg, 0, sizeof(cfg));
@@ -2116,6 +2117,10 @@ PA_AMX_ATTR HWY_INLINE void dp_amx_configure(int G) {
   cfg.colsb[1] = 64;
   cfg.rows[2] = 16;
   cfg.colsb[2] = static_cast<uint16_t>(4 * G);
+  for (int t = 3; t < 8; ++t) {
+    cfg.rows[t] = static_cast<uint8_t>(G);
+    cfg.colsb[t] = 64;
+  }
   // GCC 12 treats the ldtilecfg builtin as not reading its operand and drops the stores above
   // (SIGILL at the first tile instruction); the barrier keeps them.
   asm volatile("" : : "r"(&cfg) : "memory");
@@ -2177,6 +2182,66 @@ PA_AMX_ATTR HWY_INLINE void dp_amx_scores(int G, const uint32_t* qt, int Dq, int
     for (int n = 0; n < G; ++n)
       _mm512_storeu_ps(s + n * kKeyTile + k0,
                        _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(n)), cbuf, 4));
+  }
+}
+
+// P.V of a head's G rows over a whole tile of 32 keys (weights of missing keys are 0, their V
+// rows the zero row) on tiles: the tile's V rows converted by key pairs into a bf16 scratch in
+// the pair order of tile B (vs: per 64-dim group, four 16 x 16-pair blocks, each as dp_acc_group
+// leaves its vector v), P (p16 rows, 64 bytes each) as A, the accumulators (accumulator order,
+// as dp_acc_group keeps them) loaded, added to and stored back as four G x 16 tiles. Asks for
+// the lines of P (DpPf) per key pair, as dp_acc_group's first pass does.
+template <int DT>
+PA_AMX_ATTR HWY_INLINE void dp_amx_pv(int G, float* acc, int Dq, int D, const uint16_t* p16,
+                                      const void* const* vh, uint16_t* vs, const DpPf& P,
+                                      const Fp8Lut& L, int64_t off) {
+  static_assert(dp_fp8(DT), "bf16 caches keep the AVX512_BF16 P.V");
+  for (int k = 0; k < kKeyTile; k += 2) {
+    const uint8_t* v0 = row_at<uint8_t>(vh[k], off);
+    const uint8_t* v1 = row_at<uint8_t>(vh[k + 1], off);
+    for (int j = 0; j < 2; ++j) {
+      const char* x = row_at<char>(P.pb[k + j], P.poff);
+      const char* y = row_at<char>(P.pb[kKeyTile + k + j], P.poff);
+      for (int l = 0; l < P.lines; ++l) {
+        __builtin_prefetch(x + 64 * l, 0, 1);
+        __builtin_prefetch(y + 64 * l, 0, 1);
+      }
+    }
+    for (int g = 0; g < Dq; g += 64) {
+      const __mmask64 m = first_bytes(D - g);
+      const __m512i x0 = _mm512_maskz_loadu_epi8(m, v0 + g);
+      const __m512i x1 = _mm512_maskz_loadu_epi8(m, v1 + g);
+      __m512i w0, w1, w2, w3;
+      fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w0, w1);
+      fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w2, w3);
+      uint16_t* b = vs + static_cast<size_t>(g / 64) * 4 * 16 * 32 + (k / 2) * 32;
+      _mm512_storeu_si512(b, w0);
+      _mm512_storeu_si512(b + 16 * 32, w1);
+      _mm512_storeu_si512(b + 2 * 16 * 32, w2);
+      _mm512_storeu_si512(b + 3 * 16 * 32, w3);
+    }
+  }
+  const int64_t as = 4 * static_cast<int64_t>(Dq);
+  _tile_loadd(3, p16, 2 * kKeyTile);
+  for (int g = 0; g < Dq; g += 64) {
+    const uint16_t* b = vs + static_cast<size_t>(g / 64) * 4 * 16 * 32;
+    float* a = acc + g;
+    _tile_loadd(4, a, as);
+    _tile_loadd(5, a + 16, as);
+    _tile_loadd(6, a + 32, as);
+    _tile_loadd(7, a + 48, as);
+    _tile_loadd(1, b, 64);
+    _tile_dpbf16ps(4, 3, 1);
+    _tile_loadd(1, b + 16 * 32, 64);
+    _tile_dpbf16ps(5, 3, 1);
+    _tile_loadd(1, b + 2 * 16 * 32, 64);
+    _tile_dpbf16ps(6, 3, 1);
+    _tile_loadd(1, b + 3 * 16 * 32, 64);
+    _tile_dpbf16ps(7, 3, 1);
+    _tile_stored(4, a, as);
+    _tile_stored(5, a + 16, as);
+    _tile_stored(6, a + 32, as);
+    _tile_stored(7, a + 48, as);
   }
 }
 
@@ -2250,15 +2315,22 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   const int64_t kend = std::min(it.key1, item_row_hi(it, ntok - 1) + 1);
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
   const float sfac = it.scale * (dp_fp8(DT) ? it.kv.k_scale : 1.0f);
-  // AMX scores: a tile's B operand holds up to 16 rows; short items skip the setup (q as tile
-  // operands, the tile configuration). Scratch in sc->q, free between the q rows and the output
-  // pass: the q operands (rows * Dq * 2 bytes <= 32 KiB), K rows as bf16 (<= 8 KiB), one tile.
+  // AMX scores and P.V: a tile's B operand holds up to 16 rows; short items skip the setup (q as
+  // tile operands, the tile configuration). Scratch in sc->q, free between the q rows and the
+  // output pass: the q operands (rows * Dq * 2 bytes <= 32 KiB), K rows as bf16 (<= 8 KiB), one
+  // tile of scores, V rows as bf16.
   // fp8 only: a bf16 decode is memory-bound, and with its K tiles loaded in place it ran 11%
   // slower from DRAM (b16 x 4096, 2 threads), level in cache.
   const bool use_amx = amx && dp_fp8(DT) && G <= 16 && kend - kbeg >= 128;
   uint32_t* amx_q = reinterpret_cast<uint32_t*>(sc->q);
   uint16_t* amx_k = reinterpret_cast<uint16_t*>(sc->q + kMaxRows * kMaxHeadSize / 2);
   float* amx_c = sc->q + kMaxRows * kMaxHeadSize / 2 + 16 * kMaxHeadSize / 2;
+  // V of a tile as tile B operands (P.V): 32 keys x Dq bf16 (<= 16 KiB).
+  uint16_t* amx_v = reinterpret_cast<uint16_t*>(amx_c + 256);
+  static_assert(kMaxRows * kMaxHeadSize / 2 + 16 * kMaxHeadSize / 2 + 256 +
+                        kKeyTile * kMaxHeadSize / 2 <=
+                    kMaxRows * kMaxHeadSize,
+                "the AMX operands fit in Scratch::q");
   if (use_amx) {
     for (int h = 0; h < kvn; ++h)
       dp_amx_q(q16 + static_cast<size_t>(h) * G * Dq, Dq, G,
@@ -2385,9 +2457,16 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
       }
     }
     for (int h = 0; h < kvn; ++h) {
-      const void* const* vh = by_offset ? vptr : head_rows(vptr, h, nk2);
+      const void* const* vh = by_offset ? vptr : head_rows(vptr, h, use_amx ? kKeyTile : nk2);
       const int64_t off = by_offset ? h * head_bytes : 0;
       const DpPf P{pf_pv, h * head_bytes, pf_lines};
+      if constexpr (dp_fp8(DT)) {
+        if (use_amx) {
+          dp_amx_pv<DT>(G, sc->acc + h * G * Dq, Dq, D, p16 + h * G * kKeyTile, vh, amx_v, P, L,
+                        off);
+          continue;
+        }
+      }
       int r = h * G;
       for (int i = 0; i < npv; r += pv_rows[i++]) {
         float* acc = sc->acc + r * Dq;
