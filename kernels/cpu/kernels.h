@@ -135,7 +135,8 @@ static inline char* item_out(const AttnItem& it, int t, int g) {
  * one KV head at a time. */
 bool multi_head_decode_ok(const Target& target, const AttnItem& item);
 
-/* Runs one work item with the given target. */
+/* Runs one work item with the given target. On AVX3_AMX it configures the calling thread's AMX
+ * tiles for the item and releases them before it returns (no tile state is kept between calls). */
 void attention_item(const Target& target, const AttnItem& item, Scratch* scratch);
 
 /* Combines `n` partial states (acc [rows][D] with stride part_stride floats between parts, m, l
