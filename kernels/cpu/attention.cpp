@@ -1443,6 +1443,7 @@ struct TileSpans {
   int64_t row_bytes, head_bytes, slot_bytes, span_extra;
   int bs;
   bool blocks;
+  bool twice = prefetch_twice();
   TileSpans(const AttnItem& it, int kvn) {
     const int64_t esz = static_cast<int64_t>(elem_size(it.kv.dtype));
     const int D = it.head_size;
@@ -1467,13 +1468,15 @@ struct TileSpans {
   // prefetcht1/t2 requests; whatever the cause here, the second request made the b16 x 4096
   // decode 3-19% faster (bf16 and fp8, NHD and HND, 1 and 2 threads, 8 alternating rounds;
   // 5-13% on the AVX3_DL and AVX2 kernels), and the fp8 decode's P.V loads went from ~20% of
-  // its samples to ~4-8%.
+  // its samples to ~4-8%. On an Intel Xeon (AMX) the second request cost 2-5% instead, so it is
+  // left out there (prefetch_twice).
   // Sets up pf (and again) for one phase: first the rows r1 of keys [pos1, pos1 + n1), again
   // the rows r2 of keys [pos2, pos2 + n2), both over `steps` step() calls.
   void ask_twice(PfStream* pf, PfStream* again, const void* const* r1, int n1, int64_t pos1,
                  const void* const* r2, int n2, int64_t pos2, int64_t steps) const {
     add(pf, r1, n1, pos1);
     pf->plan(steps);
+    if (!twice) return;
     add(again, r2, n2, pos2);
     again->plan(steps);
     pf->again = again;

@@ -5,8 +5,10 @@
 // switch another backend (or the oneDNN plugin's use of these kernels) in the same process.
 #include <stdio.h>
 #include <string.h>
-#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
+#if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
+#endif
+#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -69,6 +71,24 @@ bool cpu_has_amx() {
 }
 
 }  // namespace
+
+bool prefetch_twice() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool twice = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    __cpuid(0, a, b, c, d);
+    char vendor[13];
+    memcpy(vendor, &b, 4);
+    memcpy(vendor + 4, &d, 4);
+    memcpy(vendor + 8, &c, 4);
+    vendor[12] = '\0';
+    return strcmp(vendor, "GenuineIntel") != 0;
+  }();
+  return twice;
+#else
+  return true;
+#endif
+}
 
 bool target_select(const char* name, Target* out, char* msg) {
   const int64_t runnable = hwy::SupportedTargets() & HWY_TARGETS;
