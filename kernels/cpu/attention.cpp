@@ -1741,6 +1741,32 @@ HWY_INLINE __mmask64 first_bytes(int n) {
   return n >= 64 ? ~0ull : static_cast<__mmask64>((1ull << n) - 1ull);
 }
 
+// An fp8 row of D dims as Dw bf16 (Dw a multiple of 64) in fp8_bf16's order, the order q16 pairs
+// K in; zeros past D. The last part is read masked: no load leaves the row. (Whole chunks read
+// unmasked: the AMX scores, which convert every K row, were 2-4% slower in cache all masked.)
+PA_DP_ATTR HWY_INLINE void fp8_row_bf16(const Fp8Lut& L, const uint8_t* src, int D, int Dw,
+                                        uint16_t* dst) {
+  for (int x = 0; x < Dw; x += 64) {
+    __m512i w0, w1;
+    fp8_bf16(L, D - x >= 64 ? _mm512_loadu_si512(src + x)
+                            : _mm512_maskz_loadu_epi8(first_bytes(D - x), src + x),
+             w0, w1);
+    _mm512_storeu_si512(dst + x, w0);
+    _mm512_storeu_si512(dst + x + 32, w1);
+  }
+}
+
+// Dims [x, x + 64) of two fp8 V rows as bf16 key pairs: w[v] as dp_acc_group's vector v (dp_dim
+// order); zeros past D, read masked.
+PA_DP_ATTR HWY_INLINE void fp8_pairs_bf16(const Fp8Lut& L, const uint8_t* v0, const uint8_t* v1,
+                                          int x, int D, __m512i* w) {
+  const __mmask64 m = first_bytes(D - x);
+  const __m512i x0 = _mm512_maskz_loadu_epi8(m, v0 + x);
+  const __m512i x1 = _mm512_maskz_loadu_epi8(m, v1 + x);
+  fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w[0], w[1]);
+  fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w[2], w[3]);
+}
+
 // Accumulator slot of (row r, key b) in a block of R rows x 16/R keys: reduce16 leaves row r's
 // keys in lanes [r * 16/R, (r + 1) * 16/R).
 constexpr int dp_slot(int R, int r, int b) { return r * (16 / R) + b; }
@@ -1824,6 +1850,15 @@ struct DpPf {
   const void* const* pb;
   int64_t poff;
   int lines;
+  // Asks for `n` lines from byte `at` of key k's two rows.
+  HWY_INLINE void ask(int k, int64_t at, int n) const {
+    const char* x = row_at<char>(pb[k], at);
+    const char* y = row_at<char>(pb[kKeyTile + k], at);
+    for (int l = 0; l < n; ++l) {
+      __builtin_prefetch(x + 64 * l, 0, 1);
+      __builtin_prefetch(y + 64 * l, 0, 1);
+    }
+  }
 };
 
 // Scores of R rows against keys [0, nk) of kp (nk a multiple of 16 / R; zero rows past the keys).
@@ -1838,14 +1873,7 @@ PA_DP_ATTR HWY_INLINE void dp_score_rows(const uint16_t* q16, int Dq, int D, con
     if constexpr (!dp_fp8(DT)) {
       pf->step();
     } else if constexpr (Pf) {
-      for (int b = 0; b < KB; ++b) {
-        const char* x = row_at<char>(P.pb[k + b], P.poff);
-        const char* y = row_at<char>(P.pb[kKeyTile + k + b], P.poff);
-        for (int l = 0; l < P.lines; ++l) {
-          __builtin_prefetch(x + 64 * l, 0, 1);
-          __builtin_prefetch(y + 64 * l, 0, 1);
-        }
-      }
+      for (int b = 0; b < KB; ++b) P.ask(k + b, P.poff, P.lines);
     }
   }
 }
@@ -1880,16 +1908,8 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int Dq, int g,
     if constexpr (!dp_fp8(DT)) {
       pf->step();
     } else if constexpr (Pf) {
-      HWY_UNROLL(2)
-      for (int j = 0; j < 2; ++j) {
-        const char* x = row_at<char>(P.pb[k + j], pg);
-        const char* y = row_at<char>(P.pb[kKeyTile + k + j], pg);
-        HWY_UNROLL(2)
-        for (int l = 0; l < kGroupLines; ++l) {
-          __builtin_prefetch(x + 64 * l, 0, 1);
-          __builtin_prefetch(y + 64 * l, 0, 1);
-        }
-      }
+      P.ask(k, pg, kGroupLines);
+      P.ask(k + 1, pg, kGroupLines);
     }
     // fp8: the V lines of the pair kPvL1Ahead keys on, from L2 (where pf put them) into L1. With
     // NHD's 1 KiB slot rows a group's lines are 1 KiB apart, which the hardware does not fetch
@@ -2089,13 +2109,13 @@ HWY_INLINE bool dp_eligible(const AttnItem& it) {
 // kMaxRows rows long, so that a later head's offset from it (by_offset below) stays inside.
 alignas(64) const uint8_t kZeroRow[kMaxRows * kMaxHeadSize * 2] = {};
 
-// ---- the decode's scores on AMX-BF16 tiles (AVX3_AMX) ----
+// ---- the decode's scores and P.V on AMX-BF16 tiles (AVX3_AMX) ----
 // A tile multiply adds 16 keys x 32 dims (K rows as A) times 32 dims x n query rows (B) into a
 // 16 x n block of float32 scores: the whole GQA group of a key block in D / 32 instructions, with
 // no lane sums, where the AVX512_BF16 loop spends G * D / 32 dot products and a 16-to-1 sum per
 // key and row. fp8 caches only: K rows are converted by the same lookups into a bf16 scratch
 // that the tile loads. The products are the same bf16 pairs summed in float32, so the scores
-// match the AVX512_BF16 path to its rounding. P.V stays on AVX512_BF16.
+// match the AVX512_BF16 path to its rounding. P.V likewise (dp_amx_pv).
 #undef PA_AMX_ATTR
 #define PA_AMX_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16,amx-tile,amx-bf16")))
 
@@ -2155,18 +2175,8 @@ PA_AMX_ATTR HWY_INLINE void dp_amx_scores(int G, const uint32_t* qt, int Dq, int
   const __m512i col = _mm512_mullo_epi32(
       _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(16));
   for (int k0 = 0; k0 < nk16; k0 += 16) {
-    for (int j = 0; j < 16; ++j) {
-      uint16_t* dst = kb + j * Dq;
-      const uint8_t* kr = row_at<uint8_t>(kh[k0 + j], off);
-      for (int i = 0; i < Dq; i += 64) {
-        const __m512i x = D - i >= 64 ? _mm512_loadu_si512(kr + i)
-                                      : _mm512_maskz_loadu_epi8(first_bytes(D - i), kr + i);
-        __m512i w0, w1;
-        fp8_bf16(L, x, w0, w1);
-        _mm512_storeu_si512(dst + i, w0);
-        _mm512_storeu_si512(dst + i + 32, w1);
-      }
-    }
+    for (int j = 0; j < 16; ++j)
+      fp8_row_bf16(L, row_at<uint8_t>(kh[k0 + j], off), D, Dq, kb + j * Dq);
     pf->step();
     _tile_zero(0);
     for (int c = 0; c < Dq / 32; ++c) {
@@ -2197,17 +2207,10 @@ PA_AMX_ATTR HWY_INLINE void dp_amx_pv(int G, float* acc, int Dq, int D, const ui
     const uint8_t* v1 = row_at<uint8_t>(vh[k + 1], off);
     pf->step();
     for (int g = 0; g < Dq; g += 64) {
-      const __mmask64 m = first_bytes(D - g);
-      const __m512i x0 = _mm512_maskz_loadu_epi8(m, v0 + g);
-      const __m512i x1 = _mm512_maskz_loadu_epi8(m, v1 + g);
-      __m512i w0, w1, w2, w3;
-      fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w0, w1);
-      fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w2, w3);
+      __m512i w[4];
+      fp8_pairs_bf16(L, v0, v1, g, D, w);
       uint16_t* b = vs + static_cast<size_t>(g / 64) * 4 * 16 * 32 + (k / 2) * 32;
-      _mm512_storeu_si512(b, w0);
-      _mm512_storeu_si512(b + 16 * 32, w1);
-      _mm512_storeu_si512(b + 2 * 16 * 32, w2);
-      _mm512_storeu_si512(b + 3 * 16 * 32, w3);
+      for (int v = 0; v < 4; ++v) _mm512_storeu_si512(b + v * 16 * 32, w[v]);
     }
   }
   const int64_t as = 4 * static_cast<int64_t>(Dq);
@@ -2391,10 +2394,10 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
         pf_pv[kKeyTile + k] = ptrs[cur ^ 1][0][k];
       }
     } else {
-      // pf.step() calls of one head's scores: one per score block of 16 / R keys.
-      int64_t score_steps = 0;
-      for (int i = 0; i < npass; ++i) score_steps += score_keys_of(pass_rows[i]) * pass_rows[i] / 16;
-      if (use_amx) score_steps = nk16 / 16;
+      // pf.step() calls of one head's scores: one per score block of 16 / R keys (AMX: of 16).
+      int64_t score_steps = use_amx ? nk16 / 16 : 0;
+      for (int i = 0; !use_amx && i < npass; ++i)
+        score_steps += score_keys_of(pass_rows[i]) * pass_rows[i] / 16;
       spans.ask_twice(&pf, &pf2, ptrs[cur ^ 1][0], next_n, kt0 + kKeyTile, vptr, nk, kt0,
                       static_cast<int64_t>(kvn) * score_steps);
     }
@@ -2585,12 +2588,8 @@ PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, 
       const uint8_t* v0 = static_cast<const uint8_t*>(vp[2 * kk]);
       const uint8_t* v1 = static_cast<const uint8_t*>(vp[2 * kk + 1]);
       for (int x = 0; x < Dw; x += 64) {
-        const __mmask64 m = first_bytes(D - x);
-        const __m512i x0 = _mm512_maskz_loadu_epi8(m, v0 + x);
-        const __m512i x1 = _mm512_maskz_loadu_epi8(m, v1 + x);
         __m512i w[4];
-        fp8_bf16(L, _mm512_unpacklo_epi8(x0, x1), w[0], w[1]);
-        fp8_bf16(L, _mm512_unpackhi_epi8(x0, x1), w[2], w[3]);
+        fp8_pairs_bf16(L, v0, v1, x, D, w);
         for (int v = 0; v < 4; ++v) _mm512_store_si512(dst + x + 16 * v, w[v]);
       }
     }
@@ -2654,13 +2653,7 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
     for (int k = 0; k < nk4; ++k) {
       if constexpr (dp_fp8(DT)) {
         uint16_t* dst = kb16 + static_cast<size_t>(k) * Dw;
-        for (int x = 0; x < Dw; x += 64) {  // a head ending inside the last group: zeros past it
-          const __mmask64 m = first_bytes(D - x);
-          __m512i w0, w1;
-          fp8_bf16(L, _mm512_maskz_loadu_epi8(m, static_cast<const uint8_t*>(kp[k]) + x), w0, w1);
-          _mm512_storeu_si512(dst + x, w0);  // lookup order, as qT2's pairs
-          _mm512_storeu_si512(dst + x + 32, w1);
-        }
+        fp8_row_bf16(L, static_cast<const uint8_t*>(kp[k]), D, Dw, dst);  // as qT2 pairs K
         krow[k] = dst;
       } else {
         krow[k] = static_cast<const uint16_t*>(kp[k]);
@@ -2795,7 +2788,7 @@ void AttentionItemFp8(const AttnItem& it, Scratch* sc) {
   }
 }
 
-// dp: 0 none, 1 AVX512_BF16 dot products, 2 those with the scores on AMX tiles.
+// dp: 0 none, 1 AVX512_BF16 dot products, 2 those with fp8 caches' decode on AMX tiles.
 void AttentionItem(const AttnItem& it, Scratch* sc, int dp) {
   if (it.kv_heads > 1 && !MultiHeadDecodeOk(it, dp != 0)) {
     // Not a path that reads several heads at once: one KV head at a time (rows stay in order).

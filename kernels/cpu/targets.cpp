@@ -5,10 +5,10 @@
 // switch another backend (or the oneDNN plugin's use of these kernels) in the same process.
 #include <stdio.h>
 #include <string.h>
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__)
 #include <cpuid.h>
 #endif
-#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
+#if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -47,14 +47,14 @@ bool cpu_has_bf16_dp() {
 #endif
 }
 
-// The pseudo target on top of AVX3_BF16: the decode's scores on AMX-BF16 tiles.
+// The pseudo target on top of AVX3_BF16: an fp8 cache's decode on AMX-BF16 tiles.
 constexpr const char* kAmxName = "AVX3_AMX";
 
 // AMX-BF16 in the CPU, and the tile data state granted to this process: Linux hands it out only
 // on request (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once per process; a kernel or
 // hypervisor that does not enable it refuses, and the decode stays on AVX512_BF16.
 bool cpu_has_amx() {
-#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64)) && (HWY_TARGETS & HWY_AVX3_DL)
+#if defined(__linux__) && defined(__x86_64__) && (HWY_TARGETS & HWY_AVX3_DL)
   static const bool ok = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     if (__get_cpuid_max(0, nullptr) < 7) return false;
@@ -73,7 +73,7 @@ bool cpu_has_amx() {
 }  // namespace
 
 bool prefetch_twice() {
-#if defined(__x86_64__) || defined(_M_X64)
+#if defined(__x86_64__)
   static const bool twice = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     __cpuid(0, a, b, c, d);
