@@ -13,12 +13,19 @@
 //   side by side N  N blocks front to back at once, 256 B of each in turn (hardware prefetch)
 //   runs of 8       linear, but the shuffled unit is 8 adjacent blocks (256 KiB of 32 KiB
 //                   blocks), not one
-// With a `work` argument W > 0, also the two prefetched orders with W units of arithmetic per
-// 256 B read (a unit: one add on each of 8 independent 8-float chains, nothing waiting on the
-// loads; ~3 cycles): the same passes over a pool that stays in cache (the work's own rate) and
-// over the whole pool. With W chosen so the in-cache rate matches a decode's in-cache rate, the
-// whole-pool figure is what that decode could reach here if memory and work overlapped perfectly
-// (bench/overlap-bound.sh does the choosing).
+//   linear+pf, ...  linear+pf with another prefetch: prefetcht0 or prefetchnta instead of t2;
+//                   two tiles ahead instead of one; every other line only; or 4 lines per
+//                   4 KiB page, the hardware streamer left to follow
+//   tile ...        a decode tile's two blocks read in turn: head by head (NHD, each head's
+//                   rows of both blocks alternating) or slot row by slot row; +pf as linear+pf
+//   linear+pf, in turn  the next tile's lines asked for 256 B of each block in turn: its two K
+//                   blocks (during K), or its K and V blocks, four, over this tile's K and V
+// With a `work` argument W > 0, every pattern runs with W units of arithmetic per 256 B read (a
+// unit: one add on each of 8 independent 8-float chains, nothing waiting on the loads; ~3
+// cycles), and the two prefetched orders also over a pool that stays in cache (the work's own
+// rate). With W chosen so the in-cache rate matches a decode's in-cache rate, a whole-pool
+// figure is what a decode reading in that order could reach here if memory and work overlapped
+// perfectly (bench/overlap-bound.sh does the choosing).
 //
 // A last argument of 16 makes the blocks 16 KiB (an fp8 cache's NHD block: 16 slots x 8 heads x
 // 128 bytes; heads 128 B apart), for the read-only patterns (work 0).
@@ -54,21 +61,35 @@ inline void sum256(const char* p, v8f* a) {
   sum128(p + 128, a);
 }
 
-// The next tile's lines, a few per 256 bytes read (as the decode spreads them).
+// The next tile's lines, a few per 256 bytes read (as the decode spreads them). Variants for
+// other cores: the hint (0: prefetcht0, 1: t1, 2: t2 as the decode, 3: nta) and which lines are
+// asked for (line i when i % period < count: every line, every other line for a core whose L2
+// fetches a line's 128 B buddy, or a few lines per 4 KiB page for one whose streamer follows).
 struct Spread {
   const char* blk[4];
   int n = 0;
   size_t off = 0;
+  int hint = 2;
+  size_t period = 1, count = 1;
   void start(const char* const* b, int nb) {
     n = nb;
     for (int i = 0; i < nb; ++i) blk[i] = b[i];
     off = 0;
   }
   // As many bytes of the next tile as were just read (256 or 128): a line per 64 B.
+  bool turns = false;  // the blocks in turn, 256 B each (as the decode's PfStream), not in order
   void step(size_t bytes) {
     if (n == 0 || off >= kBlock * n) return;
-    const char* p = blk[off / kBlock] + off % kBlock;
-    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b, 0, 1);
+    const char* p = turns ? blk[off / 256 % n] + off / 256 / n * 256 : blk[off / kBlock] + off % kBlock;
+    for (size_t b = 0; b < bytes; b += 64) {
+      if ((off + b) / 64 % period >= count) continue;
+      switch (hint) {
+        case 0: __builtin_prefetch(p + b, 0, 3); break;
+        case 1: __builtin_prefetch(p + b, 0, 2); break;
+        case 3: __builtin_prefetch(p + b, 0, 0); break;
+        default: __builtin_prefetch(p + b, 0, 1); break;
+      }
+    }
     off += bytes;
   }
 };
@@ -82,40 +103,49 @@ inline void work(v8f* w, int units) {
 }
 
 enum Pattern {
-  kStream, kLinear, kLinearPf, kHeadMajor, kHeadMajorPf, kSide2, kSide4, kSide8, kRuns8, kPlain,
-  kLinearPfWork = kPlain, kHeadMajorPfWork, kLinearPfWorkCached, kHeadMajorPfWorkCached, kPatterns
+  kStream, kLinear, kLinearPf, kHeadMajor, kHeadMajorPf, kSide2, kSide4, kSide8, kRuns8,
+  kLinearPfT0, kLinearPfNta, kLinearPfFar, kLinearPfAlt, kLinearPfPage, kTileHeads, kTileHeadsPf,
+  kTileRows, kTileRowsPf, kLinearPfTurns2, kLinearPfTurns4, kPatterns
 };
 const char* const kNames[kPatterns] = {"stream", "linear", "linear+pf", "head-major",
                                        "head-major+pf", "side by side 2", "side by side 4",
                                        "side by side 8", "runs of 8 blocks",
-                                       "linear+pf+work", "head-major+pf+work",
-                                       "linear+pf+work (in cache)",
-                                       "head-major+pf+work (in cache)"};
+                                       "linear+pf, prefetcht0", "linear+pf, prefetchnta",
+                                       "linear+pf, two tiles ahead", "linear+pf, every 2nd line",
+                                       "linear+pf, 4 lines per 4 KiB",
+                                       "tile head-major", "tile head-major+pf",
+                                       "tile row-major", "tile row-major+pf",
+                                       "linear+pf, 2 blocks in turn",
+                                       "linear+pf, K and V in turn"};
 constexpr size_t kCachedBlocks = 16;  // per thread and pool: 2 x 512 KiB, held in L2/L3
 
 // Reads nb blocks of K and V: the blocks ids[0, nb) (stream: the nb blocks from block lo on);
 // in-cache patterns cycle through the first kCachedBlocks of ids instead.
+// units > 0: that much work per 256 B read (busy); cached: over kCachedBlocks blocks only.
 PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* ids, size_t lo,
-                                     size_t nb, int pat, int units) {
-  const bool cached = pat == kLinearPfWorkCached || pat == kHeadMajorPfWorkCached;
-  const bool busy = pat >= kPlain;
-  if (pat == kLinearPfWork || pat == kLinearPfWorkCached) pat = kLinearPf;
-  if (pat == kHeadMajorPfWork || pat == kHeadMajorPfWorkCached) pat = kHeadMajorPf;
+                                     size_t nb, int pat, int units, bool cached) {
+  const bool busy = units > 0;
   auto id = [&](size_t i) { return cached ? ids[i % std::min(nb, kCachedBlocks)] : ids[i]; };
   v8f a[4] = {};
   v8f w[8] = {};
   if (pat == kStream) {
     for (const char* base : {K, V})
-      for (size_t o = lo * kBlock; o < (lo + nb) * kBlock; o += 256) sum256(base + o, a);
+      for (size_t o = lo * kBlock; o < (lo + nb) * kBlock; o += 256) {
+        sum256(base + o, a);
+        if (busy) work(w, units);
+      }
   } else if (pat >= kSide2 && pat <= kSide8) {
-    const size_t w = size_t(2) << (pat - kSide2);
+    const size_t width = size_t(2) << (pat - kSide2);
     for (const char* base : {K, V})
-      for (size_t t = 0; t < nb; t += w) {
-        const size_t m = std::min(w, nb - t);  // a last group may be short
+      for (size_t t = 0; t < nb; t += width) {
+        const size_t m = std::min(width, nb - t);  // a last group may be short
         const char* blk[8];
         for (size_t b = 0; b < m; ++b) blk[b] = base + (size_t)id(t + b) * kBlock;
         for (size_t o = 0; o < kBlock; o += 256)
-          for (size_t b = 0; b < m; ++b) sum256(blk[b] + o, a);
+          for (size_t b = 0; b < m; ++b) {
+            sum256(blk[b] + o, a);
+            if (busy) work(w, units);
+          }
       }
   } else if (pat == kRuns8) {
     // ids[i] / 8 names a run; each run is read once, at the place of its first block in ids.
@@ -124,25 +154,65 @@ PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* id
         const size_t run = static_cast<size_t>(ids[i]) / 8 * 8;
         if (static_cast<size_t>(ids[i]) != std::max(run, lo)) continue;
         const size_t end = std::min(run + 8, lo + nb);
-        for (size_t o = std::max(run, lo) * kBlock; o < end * kBlock; o += 256) sum256(base + o, a);
+        for (size_t o = std::max(run, lo) * kBlock; o < end * kBlock; o += 256) {
+          sum256(base + o, a);
+          if (busy) work(w, units);
+        }
       }
   } else {
-    const bool pf = pat == kLinearPf || pat == kHeadMajorPf;
+    const bool pf = pat == kLinearPf || pat == kHeadMajorPf ||
+                    (pat >= kLinearPfT0 && pat <= kLinearPfPage) || pat == kTileHeadsPf ||
+                    pat == kTileRowsPf || pat == kLinearPfTurns2 || pat == kLinearPfTurns4;
+    const bool tile_heads = pat == kTileHeads || pat == kTileHeadsPf;
+    const bool tile_rows = pat == kTileRows || pat == kTileRowsPf;
     const bool heads = pat == kHeadMajor || pat == kHeadMajorPf;
     Spread s;
+    s.hint = pat == kLinearPfT0 ? 0 : pat == kLinearPfNta ? 3 : 2;
+    s.period = pat == kLinearPfAlt ? 2 : pat == kLinearPfPage ? 64 : 1;
+    s.count = pat == kLinearPfPage ? 4 : 1;
+    s.turns = pat == kLinearPfTurns2 || pat == kLinearPfTurns4;
+    const bool kv_turns = pat == kLinearPfTurns4;
+    const size_t ahead = pat == kLinearPfFar ? 4 : 2;  // blocks: the next tile, or the one after
     for (size_t t = 0; t + 1 < nb; t += 2) {
-      const bool more = t + 3 < nb;
+      const bool more = t + ahead + 1 < nb;
       for (int kv = 0; kv < 2; ++kv) {
         const char* base = kv ? V : K;
-        if (pf && more) {
-          const char* nxt[2] = {base + (size_t)id(t + 2) * kBlock,
-                                base + (size_t)id(t + 3) * kBlock};
+        if (kv_turns) {  // the next tile's K and V, four blocks in turn over this tile's K and V
+          if (kv == 0) {
+            const char* nxt[4] = {K + (size_t)id(t + ahead) * kBlock, K + (size_t)id(t + ahead + 1) * kBlock,
+                                  V + (size_t)id(t + ahead) * kBlock, V + (size_t)id(t + ahead + 1) * kBlock};
+            s.start(nxt, more ? 4 : 0);
+          }
+        } else if (pf && more) {
+          const char* nxt[2] = {base + (size_t)id(t + ahead) * kBlock,
+                                base + (size_t)id(t + ahead + 1) * kBlock};
           s.start(nxt, 2);
         } else {
           s.n = 0;
         }
+        const char* pair[2] = {base + (size_t)id(t) * kBlock, base + (size_t)id(t + 1) * kBlock};
+        if (tile_heads) {  // head by head over both blocks, their rows in turn
+          for (size_t h = 0; h < kRow / kHead; ++h)
+            for (size_t r = 0; r < kBlock / kRow; ++r)
+              for (int b = 0; b < 2; ++b) {
+                sum256(pair[b] + r * kRow + h * kHead, a);
+                if (pf) s.step(256);
+                if (busy) work(w, units);
+              }
+          continue;
+        }
+        if (tile_rows) {  // slot row by slot row (all heads), the two blocks' rows in turn
+          for (size_t r = 0; r < kBlock / kRow; ++r)
+            for (int b = 0; b < 2; ++b)
+              for (size_t o = 0; o < kRow; o += 256) {
+                sum256(pair[b] + r * kRow + o, a);
+                if (pf) s.step(256);
+                if (busy) work(w, units);
+              }
+          continue;
+        }
         for (int b = 0; b < 2; ++b) {
-          const char* blk = base + (size_t)id(t + b) * kBlock;
+          const char* blk = pair[b];
           if (heads) {
             for (size_t h = 0; h < kRow / kHead; ++h)
               for (size_t r = 0; r < kBlock / kRow; ++r) {
@@ -226,16 +296,28 @@ int main(int argc, char** argv) {
   std::vector<float> part(threads);
   // The host's bandwidth can change within minutes: the stream pass runs first and last, and
   // every figure is also given as a share of the faster of the two.
-  const int npat = units > 0 ? kPatterns : kPlain;
+  // With work: every pattern with it over the pool, then the two prefetched orders in cache.
+  struct Run {
+    int pat;
+    bool cached;
+  };
+  std::vector<Run> runs;
+  for (int i = 0; i < kPatterns; ++i) runs.push_back({i, false});
+  if (units > 0) {
+    runs.push_back({kLinearPf, true});
+    runs.push_back({kHeadMajorPf, true});
+  }
+  runs.push_back({kStream, false});
+  const int npat = static_cast<int>(runs.size()) - 1;
   std::vector<double> rate(npat + 1);
   for (int i = 0; i <= npat; ++i) {
-    const int pat = i == npat ? kStream : i;
     double best = 0;
     for (int p = 0; p < passes; ++p) {
       const double t0 = bench::now_s();
       bench::parallel(threads, [&](int t) {
         const size_t lo = nblocks * t / threads, hi = nblocks * (t + 1) / threads;
-        part[t] = read_share(K, V, ids.data() + lo, lo, hi - lo, pat, units);
+        part[t] = read_share(K, V, ids.data() + lo, lo, hi - lo, runs[i].pat, units,
+                             runs[i].cached);
       });
       const double dt = bench::now_s() - t0;
       for (float x : part) sink = sink + x;
@@ -244,9 +326,12 @@ int main(int argc, char** argv) {
     rate[i] = best;
   }
   const double stream = std::max(rate[0], rate[npat]);
+  const char* with = units > 0 ? "+work" : "";
   for (int i = 0; i <= npat; ++i) {
-    std::printf("  %-30s %6.2f GB/s  %4.0f%% of stream\n",
-                i == npat ? "stream (again, last)" : kNames[i], rate[i] / 1e9,
+    char name[80];
+    std::snprintf(name, sizeof name, "%s%s%s", kNames[runs[i].pat], with,
+                  i == npat ? " (again, last)" : runs[i].cached ? " (in cache)" : "");
+    std::printf("  %-36s %6.2f GB/s  %4.0f%% of stream\n", name, rate[i] / 1e9,
                 100.0 * rate[i] / stream);
   }
   if (std::min(rate[0], rate[npat]) < 0.9 * stream)

@@ -294,6 +294,35 @@ TEST(Backends, CpuSpinEnvironment) {
   }
 }
 
+TEST(Backends, CpuPrefetchEnvironment) {
+  // PAGEDATTN_CPU_PREFETCH is read at creation: "twice" and "once" are taken, anything else is
+  // refused with the variable named, and no backend is made.
+  if (pat::backend_name() != "cpu" && pat::backend_name() != "onednn")
+    GTEST_SKIP() << "PAGEDATTN_CPU_PREFETCH is read by the cpu and onednn backends only";
+  const char* old = std::getenv("PAGEDATTN_CPU_PREFETCH");
+  const std::string saved = old ? old : "";
+  auto create_with = [&](const char* value, pagedattn_backend** be) {
+    setenv("PAGEDATTN_CPU_PREFETCH", value, 1);
+    const pagedattn_status st = pagedattn_backend_create(be, pat::backend_name().c_str(), nullptr);
+    if (old) setenv("PAGEDATTN_CPU_PREFETCH", saved.c_str(), 1);
+    else unsetenv("PAGEDATTN_CPU_PREFETCH");
+    return st;
+  };
+  for (const char* bad : {"", "Twice", "2", "once ", "never"}) {
+    pagedattn_backend* be = reinterpret_cast<pagedattn_backend*>(0x1);  // must stay untouched
+    const pagedattn_status st = create_with(bad, &be);
+    EXPECT_TRUE(status_is(st, PAGEDATTN_ERROR_INVALID_ARGUMENT)) << "value '" << bad << "'";
+    EXPECT_EQ(be, reinterpret_cast<pagedattn_backend*>(0x1)) << "value '" << bad << "'";
+    EXPECT_NE(std::string(pagedattn_last_error()).find("PAGEDATTN_CPU_PREFETCH"),
+              std::string::npos) << pagedattn_last_error();
+  }
+  for (const char* good : {"twice", "once"}) {
+    pagedattn_backend* be = nullptr;
+    EXPECT_EQ(create_with(good, &be), PAGEDATTN_OK) << good << ": " << pagedattn_last_error();
+    pagedattn_backend_destroy(be);
+  }
+}
+
 TEST(Backends, DestroyOrderIsSafe) {
   // Destroying the backend before its caches and batches must not crash (refcounted).
   pagedattn_backend* be = nullptr;

@@ -1015,22 +1015,20 @@ HWY_INLINE void reduce_rows(const hn::Vec<DF>* a, float* out) {
 // block, one span per block. The spans take turns, four lines each: two blocks streamed side by
 // side read faster than one after the other (Zen 4, b16 x 4096 NHD decode 2-8% faster).
 struct PfStream {
-  const char* ptr[kKeyTile];  // next line of each span
-  const char* end[kKeyTile];
+  const char* ptr[2 * kKeyTile];  // next line of each span (a tile's K and V rows at most)
+  const char* end[2 * kKeyTile];
   int n = 0, k = 0, live = 0, quota = 0;  // live: spans not done; quota: turns per step()
-  // Spans of row_bytes at rows[0, nrows).
+  // Adds spans of row_bytes at rows[0, nrows).
   void rows(const void* const* r, int nrows, int64_t row_bytes) {
-    n = nrows;
-    for (int i = 0; i < n; ++i) {
-      ptr[i] = static_cast<const char*>(r[i]);
-      end[i] = ptr[i] + (row_bytes + 63) / 64 * 64;
+    for (int i = 0; i < nrows; ++i, ++n) {
+      ptr[n] = static_cast<const char*>(r[i]);
+      end[n] = ptr[n] + (row_bytes + 63) / 64 * 64;
     }
   }
-  // One span per block for keys [pos0, pos0 + nrows) (rows r of the item's first head): from a
-  // block's first row to its last row's end, span_extra bytes past the last row's start.
+  // Adds one span per block for keys [pos0, pos0 + nrows) (rows r of the item's first head):
+  // from a block's first row to its last row's end, span_extra bytes past the last row's start.
   void blocks(const void* const* r, int nrows, int64_t pos0, int bs, int64_t slot_bytes,
               int64_t span_extra) {
-    n = 0;
     for (int i = 0; i < nrows;) {
       const int s0 = static_cast<int>((pos0 + i) & (bs - 1));
       const int cnt = std::min(bs - s0, nrows - i);
@@ -1040,16 +1038,21 @@ struct PfStream {
       i += cnt;
     }
   }
-  // Spreads the spans' lines over `steps` calls of step().
-  void plan(int64_t steps) {
+  // Spreads the spans' lines left (part of them: the quota is set by that share) over `steps`
+  // calls of step(). Planning again moves the rest to the next phase's steps.
+  void plan(int64_t steps, int64_t part = 1, int64_t of = 1) {
     k = 0;
-    live = n;
+    live = 0;
     int64_t total = 0;
-    for (int i = 0; i < n; ++i) total += (end[i] - ptr[i]) / 64;
+    for (int i = 0; i < n; ++i) {
+      total += (end[i] - ptr[i]) / 64;
+      live += ptr[i] != end[i];
+    }
+    total = total * part / of;
     const int64_t per = steps > 0 ? (total + steps - 1) / steps : total;
     quota = static_cast<int>((per + 3) / 4);
   }
-  // A second stream that takes its turns with this one: lines asked for a second time (ask_twice).
+  // A second stream taking its turns with this one: lines asked for again (TileSpans, twice).
   PfStream* again = nullptr;
   HWY_INLINE void step() {
     if (again != nullptr) again->turn();
@@ -1443,8 +1446,8 @@ struct TileSpans {
   int64_t row_bytes, head_bytes, slot_bytes, span_extra;
   int bs;
   bool blocks;
-  bool twice = prefetch_twice();
-  TileSpans(const AttnItem& it, int kvn) {
+  bool twice;  // the backend's plan (Target::prefetch_twice)
+  TileSpans(const AttnItem& it, int kvn, bool twice_) : twice(twice_) {
     const int64_t esz = static_cast<int64_t>(elem_size(it.kv.dtype));
     const int D = it.head_size;
     row_bytes = (it.kv.head_stride == D ? kvn : 1) * D * esz;
@@ -1462,22 +1465,50 @@ struct TileSpans {
     else
       pf->rows(r, n, row_bytes);
   }
-  // Each tile's lines are asked for twice, half a tile apart: during the scores the next tile's
-  // K streams in (pf) and this tile's V is asked for again (pf->again); during P.V the next
-  // tile's V streams in and its K is asked for again. Zen 4 has been reported to drop some
-  // prefetcht1/t2 requests; whatever the cause here, the second request made the b16 x 4096
-  // decode 3-19% faster (bf16 and fp8, NHD and HND, 1 and 2 threads, 8 alternating rounds;
-  // 5-13% on the AVX3_DL and AVX2 kernels), and the fp8 decode's P.V loads went from ~20% of
-  // its samples to ~4-8%. On an Intel Xeon (AMX) the second request cost 2-5% instead, so it is
-  // left out there (prefetch_twice).
-  // Sets up pf (and again) for one phase: first the rows r1 of keys [pos1, pos1 + n1), again
-  // the rows r2 of keys [pos2, pos2 + n2), both over `steps` step() calls.
-  void ask_twice(PfStream* pf, PfStream* again, const void* const* r1, int n1, int64_t pos1,
-                 const void* const* r2, int n2, int64_t pos2, int64_t steps) const {
-    add(pf, r1, n1, pos1);
+  // Sets up pf for a tile's scores, which step() it `steps` times: the next tile's lines, K
+  // rows nk_rows and V rows nv_rows of keys [next_pos, next_pos + next_n); and (twice) this
+  // tile's V rows v_rows of keys [pos, pos + n) again, through `again`.
+  // - twice (all CPUs but Intel's): each tile's lines are asked for twice, half a tile apart.
+  //   During the scores the next tile's K streams in and this tile's V is asked for again;
+  //   during P.V the next tile's V streams in and its K is asked for again. Zen 4 has been
+  //   reported to drop some prefetcht1/t2 requests; whatever the cause there, the second request
+  //   made the b16 x 4096 decode 3-19% faster (bf16 and fp8, NHD and HND, 1 and 2 threads, 8
+  //   alternating rounds; 5-13% on the AVX3_DL and AVX2 kernels), and the fp8 decode's P.V loads
+  //   went from ~20% of its samples to ~4-8%.
+  // - Intel: once, K and V of the next tile together, their blocks in turn (four streams side by
+  //   side, not two), half of the lines during the scores and the rest during P.V. On a Xeon
+  //   with AMX the second request cost 2-5%, and the four streams made the decode 7% faster
+  //   (b16 x 4096, bf16 NHD and HND, fp8 NHD); a read-only probe with the decode's arithmetic
+  //   read 95% of the stream rate that way against 88% with two (pagedattn-read-patterns).
+  void before_scores(PfStream* pf, PfStream* again, const void* const* nk_rows,
+                     const void* const* nv_rows, int next_n, int64_t next_pos,
+                     const void* const* v_rows, int n, int64_t pos, int64_t steps) const {
+    pf->n = 0;
+    add(pf, nk_rows, next_n, next_pos);
+    if (!twice) {
+      add(pf, nv_rows, next_n, next_pos);
+      pf->plan(steps, 1, 2);
+      return;
+    }
     pf->plan(steps);
-    if (!twice) return;
-    add(again, r2, n2, pos2);
+    again->n = 0;
+    add(again, v_rows, n, pos);
+    again->plan(steps);
+    pf->again = again;
+  }
+  // Sets up pf for the tile's P.V (after before_scores), which step()s it `steps` times.
+  void before_pv(PfStream* pf, PfStream* again, const void* const* nk_rows,
+                 const void* const* nv_rows, int next_n, int64_t next_pos, int64_t steps) const {
+    if (!twice) {
+      pf->plan(steps);
+      return;
+    }
+    pf->flush();
+    pf->n = 0;
+    add(pf, nv_rows, next_n, next_pos);
+    pf->plan(steps);
+    again->n = 0;
+    add(again, nk_rows, next_n, next_pos);
     again->plan(steps);
     pf->again = again;
   }
@@ -1485,6 +1516,7 @@ struct TileSpans {
   void first(const void* const* kr, const void* const* vr, int n, int64_t pos0) const {
     PfStream pf;
     for (const void* const* r : {kr, vr}) {
+      pf.n = 0;
       add(&pf, r, n, pos0);
       pf.plan(1);
       pf.flush();
@@ -1542,7 +1574,7 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   const void** vptr = ptrs[0][1];
   const int kvn = DT >= 0 && it.kv_heads > 1 ? it.kv_heads : 1;
   const int G = rows / kvn;
-  const TileSpans spans(it, kvn);
+  const TileSpans spans(it, kvn, sc->prefetch_twice);
 
   if (DT < 0) prefetch_first(it, kbeg, kend);
   if (DT >= 0 && kbeg < kend) {
@@ -1552,7 +1584,7 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
   }
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
-    // The next tile: its K streams in during these scores, its V during this P.V (ask_twice).
+    // The next tile streams in during this one (TileSpans::before_scores).
     PfStream pf, pf2;
     if constexpr (DT >= 0) {
       kptr = ptrs[cur][0];
@@ -1562,14 +1594,13 @@ void AttentionItemDot(const AttnItem& it, Scratch* sc) {
         next_n = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0 - kKeyTile));
         key_ptrs(it, kt0 + kKeyTile, next_n, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0);
       }
-      spans.ask_twice(&pf, &pf2, ptrs[cur ^ 1][0], next_n, kt0 + kKeyTile, vptr, nk, kt0,
-                      kvn * in_calls<DT>(true, G, D, nk));
+      spans.before_scores(&pf, &pf2, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], next_n, kt0 + kKeyTile,
+                          vptr, nk, kt0, kvn * in_calls<DT>(true, G, D, nk));
       for (int h = 0; h < kvn; ++h)
         scores_fast<DT>(sc->q + static_cast<size_t>(h) * G * Dp, G, D, kptr, nk,
                         sc->s + h * G * kKeyTile, &pf, h * spans.head_bytes);
-      pf.flush();
-      spans.ask_twice(&pf, &pf2, ptrs[cur ^ 1][1], next_n, kt0 + kKeyTile, ptrs[cur ^ 1][0],
-                      next_n, kt0 + kKeyTile, kvn * in_calls<DT>(false, G, D, nk));
+      spans.before_pv(&pf, &pf2, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], next_n, kt0 + kKeyTile,
+                      kvn * in_calls<DT>(false, G, D, nk));
       cur ^= 1;
     } else {
       load_tile(it, false, kt0, nk, sc->kt, Dp, kend);
@@ -1844,7 +1875,7 @@ PA_DP_ATTR HWY_INLINE void dp_score_block(const uint16_t* HWY_RESTRICT q16, int 
 // part (poff bytes into the row, `lines` lines of it) of two other rows, at pb[k] and
 // pb[kKeyTile + k]: during a tile's scores the next tile's K (first request) and this tile's V
 // (second), during its P.V the next tile's V and K. Each line is asked for twice, half a tile
-// apart (see TileSpans::ask_twice for why), and the requests are spread over the phase by the
+// apart (see TileSpans::before_scores for why), and the requests are spread over the phase by the
 // keys the phase reads.
 struct DpPf {
   const void* const* pb;
@@ -2334,7 +2365,7 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   for (int b = 0; b < 2; ++b)
     for (int k = 0; k < kKeyTile; ++k) ptrs[b][0][k] = ptrs[b][1][k] = kZeroRow;
   int cur = 0;
-  const TileSpans spans(it, kvn);
+  const TileSpans spans(it, kvn, sc->prefetch_twice);
   const int64_t head_bytes = spans.head_bytes;
   const void* hptr[kKeyTile];  // one head's row addresses (kvn > 1)
   // Row addresses of head h (0: the item's first) of keys [0, n); padding keeps the zero row.
@@ -2375,7 +2406,7 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
       key_ptrs(it, kt0 + kKeyTile, next_n, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], 0);
       for (int k = next_n; k < kKeyTile; ++k) ptrs[cur ^ 1][0][k] = ptrs[cur ^ 1][1][k] = kZeroRow;
     }
-    // The next tile's K streams in during these scores, its V during this P.V (ask_twice).
+    // The next tile streams in during this one (TileSpans::before_scores).
     // bf16 (memory-bound): whole blocks in address order, by PfStream turns. fp8 (core-bound,
     // as fast from DRAM as in cache): the rows of the keys the loops read (DpPf), without the
     // turns' bookkeeping. b16 x 4096, 10 alternating rounds: fp8 6-8% faster that way, bf16
@@ -2398,8 +2429,8 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
       int64_t score_steps = use_amx ? nk16 / 16 : 0;
       for (int i = 0; !use_amx && i < npass; ++i)
         score_steps += score_keys_of(pass_rows[i]) * pass_rows[i] / 16;
-      spans.ask_twice(&pf, &pf2, ptrs[cur ^ 1][0], next_n, kt0 + kKeyTile, vptr, nk, kt0,
-                      static_cast<int64_t>(kvn) * score_steps);
+      spans.before_scores(&pf, &pf2, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], next_n, kt0 + kKeyTile,
+                          vptr, nk, kt0, static_cast<int64_t>(kvn) * score_steps);
     }
     for (int h = 0; h < kvn; ++h) {
       const void* const* kh = by_offset ? kptr : head_rows(kptr, h, nk16);
@@ -2426,9 +2457,7 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
     }
     const int nk2 = (nk + 1) & ~1;
     if (turns) {
-      pf.flush();
-      spans.ask_twice(&pf, &pf2, ptrs[cur ^ 1][1], next_n, kt0 + kKeyTile, ptrs[cur ^ 1][0],
-                      next_n, kt0 + kKeyTile,
+      spans.before_pv(&pf, &pf2, ptrs[cur ^ 1][0], ptrs[cur ^ 1][1], next_n, kt0 + kKeyTile,
                       static_cast<int64_t>(kvn) *
                           (use_amx ? kKeyTile / 2 : npv * dp_pv_groups<DT>(D) * (nk2 / 2)));
     }
@@ -2944,6 +2973,7 @@ bool multi_head_decode_ok(const Target& target, const AttnItem& item) {
 }
 
 void attention_item(const Target& target, const AttnItem& item, Scratch* scratch) {
+  scratch->prefetch_twice = target.prefetch_twice;
   HWY_DISPATCH_TABLE(AttentionItem)[target.index](item, scratch,
                                                    target.amx ? 2 : (target.bf16_dp ? 1 : 0));
 }

@@ -29,6 +29,11 @@ struct Target {
   uint32_t index;
   bool bf16_dp;
   bool amx;
+  /* How the decode prefetches the next tile (TileSpans::before_scores): true, each tile's lines
+   * asked for twice, K during the scores and V during P.V (on Zen 4 3-19% faster than once);
+   * false, once, K and V in turn over the whole tile (on a Xeon with AMX 5-10% faster, where
+   * the second request cost 2-5%). Set by target_select, overridden by prefetch_select. */
+  bool prefetch_twice;
 };
 
 /* Picks the best runnable target, or the one named (hwy::TargetName spelling: "AVX3", "AVX2",
@@ -36,10 +41,10 @@ struct Target {
  * runnable on this CPU, and writes into msg (PA_MSG_LEN) which ones are runnable. */
 bool target_select(const char* name, Target* out, char* msg);
 
-/* Whether the decode asks for each tile's lines twice (TileSpans::ask_twice): on every CPU but
- * Intel's, where the second request cost 2-5% (b16 x 4096 decode, Xeon with AMX) while on Zen 4
- * it gained 3-19%. Fixed for the process (CPUID vendor); thread-safe. */
-bool prefetch_twice();
+/* Sets out->prefetch_twice from PAGEDATTN_CPU_PREFETCH ("twice" or "once") where it is set;
+ * else leaves target_select's default (true on every CPU but Intel's, by CPUID vendor). Returns
+ * false, with msg (PA_MSG_LEN), for another value. Reads the environment only. */
+bool prefetch_select(Target* out, char* msg);
 
 /* ---- attention (attention.cpp) ---- */
 
@@ -70,8 +75,9 @@ constexpr int kMaxHeadSize = 256;
 /* Most key splits of one sequence (split-KV). */
 constexpr int kMaxSplits = 64;
 
-/* Per-thread scratch: q, accumulators, score tile and converted K/V tiles. 64-byte aligned. */
-struct Scratch {
+/* Per-thread scratch: q, accumulators, score tile and converted K/V tiles. 64-byte aligned; its
+ * size a multiple of 64 too, so every worker's in an array is. */
+struct alignas(64) Scratch {
   float q[kMaxRows * kMaxHeadSize];
   float acc[kMaxRows * kMaxHeadSize];
   float kt[kKeyTile * kMaxHeadSize];
@@ -88,6 +94,8 @@ struct Scratch {
   float slope[kMaxRows];
   int32_t lo[kMaxRows];
   int32_t hi[kMaxRows];
+  /* The backend's Target::prefetch_twice, set by attention_item for the kernels. */
+  bool prefetch_twice;
 };
 
 /* One work item: query tokens [tok0, tok1) of a sequence (rows of q/out from q_row0) and query

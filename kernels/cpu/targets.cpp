@@ -4,6 +4,7 @@
 // hwy::SetSupportedTargetsForTest, which is process-global: forcing one backend to AVX2 must not
 // switch another backend (or the oneDNN plugin's use of these kernels) in the same process.
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -72,9 +73,11 @@ bool cpu_has_amx() {
 
 }  // namespace
 
-bool prefetch_twice() {
+namespace {
+
+bool intel_cpu() {
 #if defined(__x86_64__)
-  static const bool twice = [] {
+  static const bool intel = [] {
     unsigned a = 0, b = 0, c = 0, d = 0;
     __cpuid(0, a, b, c, d);
     char vendor[13];
@@ -82,12 +85,28 @@ bool prefetch_twice() {
     memcpy(vendor + 4, &d, 4);
     memcpy(vendor + 8, &c, 4);
     vendor[12] = '\0';
-    return strcmp(vendor, "GenuineIntel") != 0;
+    return strcmp(vendor, "GenuineIntel") == 0;
   }();
-  return twice;
+  return intel;
 #else
-  return true;
+  return false;
 #endif
+}
+
+}  // namespace
+
+bool prefetch_select(Target* out, char* msg) {
+  const char* env = getenv("PAGEDATTN_CPU_PREFETCH");
+  if (env == nullptr) {
+    // target_select's default stands
+  } else if (strcmp(env, "twice") == 0 || strcmp(env, "once") == 0) {
+    out->prefetch_twice = env[0] == 't';
+  } else {
+    snprintf(msg, PA_MSG_LEN, "PAGEDATTN_CPU_PREFETCH=%.64s is neither \"twice\" nor \"once\"",
+             env);
+    return false;
+  }
+  return true;
 }
 
 bool target_select(const char* name, Target* out, char* msg) {
@@ -96,6 +115,7 @@ bool target_select(const char* name, Target* out, char* msg) {
   const bool amx_ok = dp_ok && cpu_has_amx();
   out->bf16_dp = false;
   out->amx = false;
+  out->prefetch_twice = !intel_cpu();
   if (name == nullptr || name[0] == '\0') {
     const int64_t best = runnable & -runnable;  // lower bit = better target
     out->bit = best;

@@ -350,6 +350,10 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
       delete b;
       return PAGEDATTN_ERROR_UNSUPPORTED;
     }
+    if (!pa_cpu::prefetch_select(&b->target, msg)) {
+      delete b;
+      return PAGEDATTN_ERROR_INVALID_ARGUMENT;
+    }
     b->threads = opts->num_threads > 0 ? opts->num_threads : omp_get_num_procs();
     b->memory_limit = opts->memory_limit;
     const char* mq = getenv("PAGEDATTN_ONEDNN_MIN_QUERY");

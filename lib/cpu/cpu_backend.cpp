@@ -505,6 +505,7 @@ pagedattn_status create_with(void** state, const pagedattn_backend_options* opts
     // Forces the SIMD target of this backend only (see kernels/cpu/targets.cpp).
     if (!target_select(getenv("PAGEDATTN_CPU_TARGET"), &target, msg))
       return PAGEDATTN_ERROR_UNSUPPORTED;
+    if (!prefetch_select(&target, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     int spin_us = 0;
     if (!spin_us_from_env(&spin_us, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     int n = opts->num_threads;
