@@ -1,6 +1,7 @@
 // Backend listing, creation, options and capabilities.
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <set>
 #include <string>
 
@@ -267,60 +268,49 @@ TEST(Backends, CpuTargetEnvironment) {
   pagedattn_backend_destroy(st == PAGEDATTN_OK ? be : nullptr);
 }
 
-TEST(Backends, CpuSpinEnvironment) {
-  // PAGEDATTN_CPU_SPIN_US is read at creation: anything but a whole number of microseconds in
-  // 0..1000000 is refused with the variable named, and no backend is made.
-  const char* old = std::getenv("PAGEDATTN_CPU_SPIN_US");
+// A variable read when a backend is created: each bad value is refused with
+// PAGEDATTN_ERROR_INVALID_ARGUMENT and the variable named, no backend made (*be untouched); each
+// good value is taken. The variable is restored after each creation.
+static void expect_env_values(const char* var, std::initializer_list<const char*> bad,
+                       std::initializer_list<const char*> good) {
+  const char* old = std::getenv(var);
   const std::string saved = old ? old : "";
   auto create_with = [&](const char* value, pagedattn_backend** be) {
-    setenv("PAGEDATTN_CPU_SPIN_US", value, 1);
+    setenv(var, value, 1);
     const pagedattn_status st = pagedattn_backend_create(be, pat::backend_name().c_str(), nullptr);
-    if (old) setenv("PAGEDATTN_CPU_SPIN_US", saved.c_str(), 1);
-    else unsetenv("PAGEDATTN_CPU_SPIN_US");
+    if (old) setenv(var, saved.c_str(), 1);
+    else unsetenv(var);
     return st;
   };
-  for (const char* bad : {"", "abc", "-1", "1000001", "12us", " 5", "99999999999999999999"}) {
+  for (const char* value : bad) {
     pagedattn_backend* be = reinterpret_cast<pagedattn_backend*>(0x1);  // must stay untouched
-    const pagedattn_status st = create_with(bad, &be);
-    EXPECT_TRUE(status_is(st, PAGEDATTN_ERROR_INVALID_ARGUMENT)) << "value '" << bad << "'";
-    EXPECT_EQ(be, reinterpret_cast<pagedattn_backend*>(0x1)) << "value '" << bad << "'";
-    EXPECT_NE(std::string(pagedattn_last_error()).find("PAGEDATTN_CPU_SPIN_US"),
-              std::string::npos) << pagedattn_last_error();
+    const pagedattn_status st = create_with(value, &be);
+    EXPECT_TRUE(status_is(st, PAGEDATTN_ERROR_INVALID_ARGUMENT)) << var << "='" << value << "'";
+    EXPECT_EQ(be, reinterpret_cast<pagedattn_backend*>(0x1)) << var << "='" << value << "'";
+    EXPECT_NE(std::string(pagedattn_last_error()).find(var), std::string::npos)
+        << pagedattn_last_error();
   }
-  for (const char* good : {"0", "1000000", "100"}) {
+  for (const char* value : good) {
     pagedattn_backend* be = nullptr;
-    EXPECT_EQ(create_with(good, &be), PAGEDATTN_OK) << good << ": " << pagedattn_last_error();
+    EXPECT_EQ(create_with(value, &be), PAGEDATTN_OK) << var << "=" << value << ": "
+                                                     << pagedattn_last_error();
     pagedattn_backend_destroy(be);
   }
 }
 
+TEST(Backends, CpuSpinEnvironment) {
+  // A whole number of microseconds in 0..1000000.
+  expect_env_values("PAGEDATTN_CPU_SPIN_US",
+                    {"", "abc", "-1", "1000001", "12us", " 5", "99999999999999999999"},
+                    {"0", "1000000", "100"});
+}
+
 TEST(Backends, CpuPrefetchEnvironment) {
-  // PAGEDATTN_CPU_PREFETCH is read at creation: "twice" and "once" are taken, anything else is
-  // refused with the variable named, and no backend is made.
+  // "twice" or "once" (how the decode prefetches the next tile).
   if (pat::backend_name() != "cpu" && pat::backend_name() != "onednn")
     GTEST_SKIP() << "PAGEDATTN_CPU_PREFETCH is read by the cpu and onednn backends only";
-  const char* old = std::getenv("PAGEDATTN_CPU_PREFETCH");
-  const std::string saved = old ? old : "";
-  auto create_with = [&](const char* value, pagedattn_backend** be) {
-    setenv("PAGEDATTN_CPU_PREFETCH", value, 1);
-    const pagedattn_status st = pagedattn_backend_create(be, pat::backend_name().c_str(), nullptr);
-    if (old) setenv("PAGEDATTN_CPU_PREFETCH", saved.c_str(), 1);
-    else unsetenv("PAGEDATTN_CPU_PREFETCH");
-    return st;
-  };
-  for (const char* bad : {"", "Twice", "2", "once ", "never"}) {
-    pagedattn_backend* be = reinterpret_cast<pagedattn_backend*>(0x1);  // must stay untouched
-    const pagedattn_status st = create_with(bad, &be);
-    EXPECT_TRUE(status_is(st, PAGEDATTN_ERROR_INVALID_ARGUMENT)) << "value '" << bad << "'";
-    EXPECT_EQ(be, reinterpret_cast<pagedattn_backend*>(0x1)) << "value '" << bad << "'";
-    EXPECT_NE(std::string(pagedattn_last_error()).find("PAGEDATTN_CPU_PREFETCH"),
-              std::string::npos) << pagedattn_last_error();
-  }
-  for (const char* good : {"twice", "once"}) {
-    pagedattn_backend* be = nullptr;
-    EXPECT_EQ(create_with(good, &be), PAGEDATTN_OK) << good << ": " << pagedattn_last_error();
-    pagedattn_backend_destroy(be);
-  }
+  expect_env_values("PAGEDATTN_CPU_PREFETCH", {"", "Twice", "2", "once ", "never"},
+                    {"twice", "once"});
 }
 
 TEST(Backends, DestroyOrderIsSafe) {
