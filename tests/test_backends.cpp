@@ -272,7 +272,7 @@ TEST(Backends, CpuTargetEnvironment) {
 // PAGEDATTN_ERROR_INVALID_ARGUMENT and the variable named, no backend made (*be untouched); each
 // good value is taken. The variable is restored after each creation.
 static void expect_env_values(const char* var, std::initializer_list<const char*> bad,
-                       std::initializer_list<const char*> good) {
+                              std::initializer_list<const char*> good) {
   const char* old = std::getenv(var);
   const std::string saved = old ? old : "";
   auto create_with = [&](const char* value, pagedattn_backend** be) {

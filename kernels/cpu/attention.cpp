@@ -1477,8 +1477,8 @@ struct TileSpans {
   //   went from ~20% of its samples to ~4-8%.
   // - Intel: once, K and V of the next tile together, their blocks in turn (four streams side by
   //   side, not two), half of the lines during the scores and the rest during P.V. On a Xeon
-  //   with AMX the second request cost 2-5%, and the four streams made the decode 7% faster
-  //   (b16 x 4096, bf16 NHD and HND, fp8 NHD); a read-only probe with the decode's arithmetic
+  //   with AMX the second request cost 2-5%, and the four streams made the decode 5-10% faster
+  //   (b16 x 4096, bf16 and fp8, NHD and HND, 1 and 2 threads); a read-only probe with the decode's arithmetic
   //   read 95% of the stream rate that way against 88% with two (pagedattn-read-patterns).
   void before_scores(PfStream* pf, PfStream* again, const void* const* nk_rows,
                      const void* const* nv_rows, int next_n, int64_t next_pos,

@@ -31,8 +31,9 @@ struct Target {
   bool amx;
   /* How the decode prefetches the next tile (TileSpans::before_scores): true, each tile's lines
    * asked for twice, K during the scores and V during P.V (on Zen 4 3-19% faster than once);
-   * false, once, K and V in turn over the whole tile (on a Xeon with AMX 5-10% faster, where
-   * the second request cost 2-5%). Set by target_select, overridden by prefetch_select. */
+   * false, once, K and V in turn over the whole tile (on a Xeon with AMX 5-10% faster than once
+   * in separate phases, which was itself 2-5% faster than twice there). Set by target_select,
+   * overridden by prefetch_select. */
   bool prefetch_twice;
 };
 

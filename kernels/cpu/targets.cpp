@@ -71,10 +71,6 @@ bool cpu_has_amx() {
 #endif
 }
 
-}  // namespace
-
-namespace {
-
 bool intel_cpu() {
 #if defined(__x86_64__)
   static const bool intel = [] {
@@ -97,15 +93,13 @@ bool intel_cpu() {
 
 bool prefetch_select(Target* out, char* msg) {
   const char* env = getenv("PAGEDATTN_CPU_PREFETCH");
-  if (env == nullptr) {
-    // target_select's default stands
-  } else if (strcmp(env, "twice") == 0 || strcmp(env, "once") == 0) {
-    out->prefetch_twice = env[0] == 't';
-  } else {
+  if (env == nullptr) return true;  // target_select's default stands
+  if (strcmp(env, "twice") != 0 && strcmp(env, "once") != 0) {
     snprintf(msg, PA_MSG_LEN, "PAGEDATTN_CPU_PREFETCH=%.64s is neither \"twice\" nor \"once\"",
              env);
     return false;
   }
+  out->prefetch_twice = env[0] == 't';
   return true;
 }
 
