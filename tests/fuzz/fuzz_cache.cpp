@@ -196,9 +196,14 @@ void op_write(Cache& c, Input& in) {
   }
   const bool fp8 = c.d.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c.d.dtype == PAGEDATTN_DTYPE_FP8_E5M2;
   const bool bad_scale = fp8 && !(ks > 0 && vs > 0 && ks < __builtin_inff() && vs < __builtin_inff());
+  /* The key picks the model dtype: any float with an fp8 cache, the cache's dtype otherwise. */
+  const pagedattn_dlpack_dtype cache_dl = paf::dl_of(c.d.dtype);
+  paf::shared_dtype(k, {&v}, fp8 ? nullptr : &cache_dl);
   const bool skip = k.skip || v.skip || s.skip;
-  const bool must_fail = bad_slot || bad_scale || layer < 0 || layer >= c.d.num_layers || k.malformed ||
-                         v.malformed || s.malformed || k.overflow || v.overflow || s.overflow;
+  bool bad_tensor = false;
+  for (const FTensor* t : {&k, &v, &s})
+    bad_tensor = bad_tensor || t->malformed || t->bad_dtype || t->overflow;
+  const bool must_fail = bad_slot || bad_scale || layer < 0 || layer >= c.d.num_layers || bad_tensor;
   if (skip && !must_fail) return;
   const bool null_k = in.u8() == 255, null_v = in.u8() == 255;
   k.snapshot();
@@ -219,10 +224,11 @@ void op_write(Cache& c, Input& in) {
     return;
   }
   PAF_CHECK(!must_fail && !null_k && !null_v,
-            "kv_cache_write accepted a bad call: slot %d scale %d layer %d key %d/%d value %d/%d "
-            "slots %d/%d (ndim %d, dtype %u/%u/%u, shape0 %lld, stride0 %lld, T %d) null %d%d",
-            bad_slot, bad_scale, layer, k.malformed, k.overflow, v.malformed, v.overflow,
-            s.malformed, s.overflow, s.t.ndim, s.t.dtype.code, s.t.dtype.bits, s.t.dtype.lanes,
+            "kv_cache_write accepted a bad call: slot %d scale %d layer %d key %d/%d/%d value "
+            "%d/%d/%d slots %d/%d/%d (ndim %d, dtype %u/%u/%u, shape0 %lld, stride0 %lld, T %d) "
+            "null %d%d",
+            bad_slot, bad_scale, layer, k.malformed, k.bad_dtype, k.overflow, v.malformed,
+            v.bad_dtype, v.overflow, s.malformed, s.bad_dtype, s.overflow, s.t.ndim, s.t.dtype.code, s.t.dtype.bits, s.t.dtype.lanes,
             s.t.ndim > 0 && s.t.shape ? static_cast<long long>(s.t.shape[0]) : -1LL,
             s.t.ndim > 0 && s.t.strides ? static_cast<long long>(s.t.strides[0]) : -1LL, T,
             null_k, null_v);

@@ -184,12 +184,14 @@ inline pagedattn_backend* cpu_backend() {
  * memory covering every element it addresses. Fields are mostly right and sometimes hostile.
  * `skip`: it addresses more memory than the fuzzer hands over (the call cannot be made safely
  * unless another argument is surely refused). `overflow`: its extent overflows int64 (must be
- * refused). `malformed`: a rank/shape/dtype/device/stride/null the call must refuse. */
+ * refused). `malformed`: a rank/shape/device/stride/null the call must refuse. `bad_dtype`: the
+ * dtype is neither the wanted one nor `also_ok`; a target whose model dtype is free (an fp8 cache
+ * takes any float input) settles it with shared_dtype() instead. */
 struct FTensor {
   pagedattn_tensor t{};
   std::vector<int64_t> shape, strides;
   std::unique_ptr<Guarded> mem;
-  bool skip = false, overflow = false, malformed = false;
+  bool skip = false, overflow = false, malformed = false, bad_dtype = false;
   bool backed = false; /* mem covers every addressed element */
   size_t esize = 1;
   int64_t lo = 0; /* byte offset of the lowest addressed byte from data + byte_offset */
@@ -260,7 +262,7 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     auto same = [&](const pagedattn_dlpack_dtype& d) {
       return t.dtype.code == d.code && t.dtype.bits == d.bits && t.dtype.lanes == d.lanes;
     };
-    if (!same(want_dt) && !(also_ok && same(*also_ok))) f.malformed = true;
+    if (!same(want_dt) && !(also_ok && same(*also_ok))) f.bad_dtype = true;
   }
   f.esize = dl_size(t.dtype);
   t.device.device_type = PAGEDATTN_DEVICE_CPU;
@@ -357,6 +359,23 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     t.data = nullptr;
     if (!empty) f.malformed = true;
   }
+}
+
+inline bool same_dtype(const pagedattn_dlpack_dtype& a, const pagedattn_dlpack_dtype& b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+/* Tensors that must share one float dtype, chosen by `lead` (q, or a cache write's key): the lead
+ * must be float32, float16 or bfloat16, and `must` when given (a non-fp8 cache's dtype); the rest
+ * must equal the lead. Replaces make_tensor's bad_dtype, which judged against one fixed dtype. */
+inline void shared_dtype(FTensor& lead, const std::vector<FTensor*>& rest,
+                         const pagedattn_dlpack_dtype* must) {
+  const pagedattn_dlpack_dtype& d = lead.t.dtype;
+  const bool is_float = d.lanes == 1 && ((d.code == PAGEDATTN_DLPACK_FLOAT &&
+                                          (d.bits == 32 || d.bits == 16)) ||
+                                         (d.code == PAGEDATTN_DLPACK_BFLOAT && d.bits == 16));
+  lead.bad_dtype = !is_float || (must && !same_dtype(d, *must));
+  for (FTensor* t : rest) t->bad_dtype = !same_dtype(t->t.dtype, d);
 }
 
 }  // namespace paf

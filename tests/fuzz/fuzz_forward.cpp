@@ -216,15 +216,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (want_lse) all.push_back(&lse);
   if (o->alibi_slopes) all.push_back(&slopes);
+  /* q picks the model dtype: any float without a cache or with an fp8 one, else the cache's.
+   * out (and k/v when read) must share it; lse and the slopes are float32 (make_tensor judged). */
+  {
+    const bool fp8 = cd.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || cd.dtype == PAGEDATTN_DTYPE_FP8_E5M2;
+    const pagedattn_dlpack_dtype cache_dl = paf::dl_of(cd.dtype);
+    std::vector<FTensor*> rest = {&out};
+    if (pass_kv && kv_used) rest.insert(rest.end(), {&k, &v});
+    const bool free_dt = fp8 || raw_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
+    paf::shared_dtype(q, rest, free_dt ? nullptr : &cache_dl);
+  }
   bool skip = false, must_fail = false;
   std::string why; /* the reasons a call must fail, for the report */
   for (FTensor* t : all) {
     skip = skip || t->skip;
-    if (t->malformed || t->overflow) {
+    if (t->malformed || t->bad_dtype || t->overflow) {
       must_fail = true;
       why += std::string(t == &q ? "q" : t == &out ? "out" : t == &k ? "k" : t == &v ? "v"
                          : t == &lse ? "lse" : "alibi_slopes") +
-             (t->overflow ? " overflows; " : " malformed; ");
+             (t->overflow ? " overflows; " : t->malformed ? " malformed; " : " dtype; ");
     }
   }
   /* ENCODER_ONLY uses no cache (it may be NULL), so there is no layer to check. */

@@ -95,6 +95,11 @@ for t in "${targets[@]}"; do
   echo "fuzz $t: ${secs}s, $execs executions, cov: ${cov:-?}, ft: ${ft:-?}, corpus $(ls "$corpus" | wc -l) files, crashes/artifacts: $crashes, exit $rc"
   if [ $rc -ne 0 ] || [ "$crashes" -ne 0 ]; then
     grep -E 'ERROR|FUZZ CHECK|SUMMARY|runtime error|==ERROR' "$log" | head -n 20
+    # The inputs themselves, so a failure seen only in a CI log can be replayed anywhere:
+    #   base64 -d > input <<< '...'; $build/fuzz/fuzz_<target> input
+    find "$build/artifacts" -name "$t-*" -newer "$exe" 2> /dev/null | head -n 3 | while read -r a; do
+      echo "fuzz $t: input $(basename "$a") ($(stat -c %s "$a") bytes, base64): $(base64 -w 0 "$a")"
+    done
     echo "fuzz $t: FAIL (log: $log)"
     status=1
   fi
