@@ -2233,6 +2233,7 @@ PA_AMX_ATTR HWY_INLINE void dp_amx_pv(int G, float* acc, int Dq, int D, const ui
                                       const void* const* vh, uint16_t* vs, PfStream* pf,
                                       const Fp8Lut& L, int64_t off) {
   static_assert(dp_fp8(DT), "bf16 caches keep the AVX512_BF16 P.V");
+  (void)G;  // the tile configuration (dp_amx_configure) holds the row count
   for (int k = 0; k < kKeyTile; k += 2) {
     const uint8_t* v0 = row_at<uint8_t>(vh[k], off);
     const uint8_t* v1 = row_at<uint8_t>(vh[k + 1], off);
@@ -2625,8 +2626,112 @@ PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, 
   }
 }
 
+// ---- the wide path's scores and P.V on AMX-BF16 tiles (AVX3_AMX) ----
+// Same layouts as the vdpbf16ps loops above, so the masks, the softmax and the output pass are
+// shared. Scores: K rows (16 keys x 32 dims, bf16) as A times qT2 (16 dim pairs x 16 rows) as B
+// give s[k][r] 16 x 16 at a time. P.V: V^T (16 accumulator positions x 16 key pairs, the
+// transposed vt2) as A times pT2 (16 key pairs x 16 rows) as B add into accT. One tile op does
+// 16 x 16 x 32 multiply-adds, where vdpbf16ps does 16 x 2. Every tile is 16 rows of 64 bytes.
+PA_AMX_ATTR HWY_INLINE void dpw_amx_configure() {
+  AmxTileCfg cfg;
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  asm volatile("" : : "r"(&cfg) : "memory");  // see dp_amx_configure
+  _tile_loadconfig(&cfg);
+}
+
+// dst[16 x 16] (row stride 16) = the transpose of the 16 x 16 dwords at src (row stride ss).
+PA_DP_ATTR HWY_INLINE void transpose16_epi32(const uint32_t* src, size_t ss, uint32_t* dst) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * ss);
+  // Per 128-bit lane L: t[2i], t[2i + 1] hold columns 4L, 4L + 1 and 4L + 2, 4L + 3 of rows
+  // 2i, 2i + 1; then r[4i + c] holds column 4L + c of rows 4i .. 4i + 3.
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  // Column 4L + c is lane L of r[c], r[4 + c], r[8 + c], r[12 + c], in that order.
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+    const __m512i v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xDD);
+    const __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+    const __m512i v3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xDD);
+    _mm512_storeu_si512(dst + (0 + c) * 16, _mm512_shuffle_i32x4(v0, v2, 0x88));
+    _mm512_storeu_si512(dst + (4 + c) * 16, _mm512_shuffle_i32x4(v1, v3, 0x88));
+    _mm512_storeu_si512(dst + (8 + c) * 16, _mm512_shuffle_i32x4(v0, v2, 0xDD));
+    _mm512_storeu_si512(dst + (12 + c) * 16, _mm512_shuffle_i32x4(v1, v3, 0xDD));
+  }
+}
+
+// s[k][r] for keys [16 g, 16 g + 16) of kb (rows of Ds bf16) and all Rv row vectors (<= 4).
+PA_AMX_ATTR HWY_INLINE void dpw_amx_scores(const uint32_t* qT2, const uint16_t* kb, int Ds,
+                                           int Rp, int Rv, int g, float* s) {
+  const uint16_t* k = kb + static_cast<size_t>(16 * g) * Ds;
+  const int64_t qs = 4 * static_cast<int64_t>(Rp);
+  _tile_zero(4);
+  if (Rv > 1) _tile_zero(5);
+  if (Rv > 2) _tile_zero(6);
+  if (Rv > 3) _tile_zero(7);
+  for (int c = 0; c < Ds / 32; ++c) {
+    const uint32_t* q = qT2 + static_cast<size_t>(16 * c) * Rp;
+    _tile_loadd(0, k + 32 * c, 2 * Ds);
+    _tile_loadd(1, q, qs);
+    _tile_dpbf16ps(4, 0, 1);
+    if (Rv > 1) {
+      _tile_loadd(2, q + 16, qs);
+      _tile_dpbf16ps(5, 0, 2);
+    }
+    if (Rv > 2) {
+      _tile_loadd(1, q + 32, qs);
+      _tile_dpbf16ps(6, 0, 1);
+    }
+    if (Rv > 3) {
+      _tile_loadd(2, q + 48, qs);
+      _tile_dpbf16ps(7, 0, 2);
+    }
+  }
+  float* o = s + static_cast<size_t>(16 * g) * Rp;
+  _tile_stored(4, o, qs);
+  if (Rv > 1) _tile_stored(5, o + 16, qs);
+  if (Rv > 2) _tile_stored(6, o + 32, qs);
+  if (Rv > 3) _tile_stored(7, o + 48, qs);
+}
+
+// accT[x][r] += sum over the 16 key pairs of vA[x][kk] . pT2[kk][r], all Dw positions (a multiple
+// of 32) and Rv row vectors. vA: per 16 positions a 16 x 16 block (transposed vt2).
+PA_AMX_ATTR HWY_INLINE void dpw_amx_pv(float* accT, const uint32_t* pT2, const uint32_t* vA,
+                                       int Dw, int Rp, int Rv) {
+  const int64_t rs = 4 * static_cast<int64_t>(Rp);
+  for (int j = 0; j < Rv; ++j) {
+    _tile_loadd(1, pT2 + 16 * j, rs);
+    for (int x = 0; x < Dw; x += 32) {
+      float* a = accT + static_cast<size_t>(x) * Rp + 16 * j;
+      _tile_loadd(4, a, rs);
+      _tile_loadd(5, a + 16 * Rp, rs);
+      _tile_loadd(0, vA + static_cast<size_t>(x) * 16, 64);
+      _tile_dpbf16ps(4, 0, 1);
+      _tile_loadd(2, vA + static_cast<size_t>(x + 16) * 16, 64);
+      _tile_dpbf16ps(5, 2, 1);
+      _tile_stored(4, a, rs);
+      _tile_stored(5, a + 16 * Rp, rs);
+    }
+  }
+}
+
+// amx: scores and P.V on AMX tiles (dpw_amx_*), a bf16 head's K rows copied zero padded to whole
+// tile rows of 32 dims; else vdpbf16ps.
 template <int DT>
-PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
+PA_AMX_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc, bool amx) {
   const DF d;
   const int D = it.head_size;
   const int nh = it.h1 - it.h0;
@@ -2635,17 +2740,22 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   const int Rp = (rows + 15) / 16 * 16;
   const int Rv = Rp / 16;
   const int Dw = dpw_width<DT>(D);  // accumulator positions: D, then zero padding
-  // Dims the scores run over: bf16 K rows are read in place (D); converted fp8 rows are Dw long,
-  // in the lookup's order, which mixes the padding of the last group with real dims.
-  const int Ds = dp_fp8(DT) ? Dw : D;
+  // Dims the scores run over: bf16 K rows are read in place (D), or copied zero padded to Dw for
+  // the tiles; converted fp8 rows are Dw long, in the lookup's order, which mixes the padding of
+  // the last group with real dims.
+  const bool use_amx = amx;
+  const int Ds = dp_fp8(DT) || use_amx ? Dw : D;
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
-  // Scratch: qT2 in q; accT in acc; K as bf16 rows (fp8 only) and the weight pairs in kt; V
-  // pairs in vt.
+  // Scratch: qT2 in q; accT in acc; K as bf16 rows (fp8, or any for AMX) and the weight pairs in
+  // kt; V pairs, then (AMX) their transpose vA, in vt.
   uint32_t* qT2 = reinterpret_cast<uint32_t*>(sc->q);
   float* accT = sc->acc;
   uint16_t* kb16 = reinterpret_cast<uint16_t*>(sc->kt);
   uint32_t* pT2 = reinterpret_cast<uint32_t*>(sc->kt) + kKeyTile * kMaxHeadSize / 2;
   uint32_t* vt2 = reinterpret_cast<uint32_t*>(sc->vt);
+  uint32_t* vA = reinterpret_cast<uint32_t*>(sc->vt) + kKeyTile * kMaxHeadSize / 2;
+  static_assert(kKeyTile == 32, "a tile of keys is two AMX blocks of 16, 16 key pairs");
+  static_assert(kMaxRows <= 64, "dpw_amx_* hold up to 4 row vectors");
 
   const WideRows wr = wide_rows(it, sc, Rp);
   const int64_t kbeg = wr.kbeg, kend = wr.kend;
@@ -2672,23 +2782,32 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
   const void* kp[kKeyTile];
   const void* vp[kKeyTile];
   const uint16_t* krow[kKeyTile];
+  if (use_amx) dpw_amx_configure();
 
   prefetch_first(it, kbeg, kend);
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kKeyTile, kend - kt0));
     const int nk4 = (nk + 3) / 4 * 4;
+    const int nk16 = (nk + 15) / 16 * 16;
     key_ptrs(it, kt0, nk, kp, vp, kend);
     for (int k = nk; k < kKeyTile; ++k) kp[k] = vp[k] = kZeroRow;  // finite filler, weight 0
-    for (int k = 0; k < nk4; ++k) {
+    for (int k = 0; k < (use_amx ? nk16 : nk4); ++k) {
       if constexpr (dp_fp8(DT)) {
         uint16_t* dst = kb16 + static_cast<size_t>(k) * Dw;
         fp8_row_bf16(L, static_cast<const uint8_t*>(kp[k]), D, Dw, dst);  // as qT2 pairs K
         krow[k] = dst;
+      } else if (use_amx) {  // a tile loads rows at one stride: K rows gathered into kb16
+        uint16_t* dst = kb16 + static_cast<size_t>(k) * Ds;
+        const uint16_t* src = static_cast<const uint16_t*>(kp[k]);
+        for (int x = 0; x < Ds; x += 32)  // masked: no load leaves the row
+          _mm512_store_si512(dst + x, _mm512_maskz_loadu_epi16(first_words(D - x), src + x));
       } else {
         krow[k] = static_cast<const uint16_t*>(kp[k]);
       }
     }
-    for (int k0 = 0; k0 < nk4; k0 += 4) {
+    if (use_amx)
+      for (int g = 0; g < nk16 / 16; ++g) dpw_amx_scores(qT2, kb16, Ds, Rp, Rv, g, sc->s);
+    for (int k0 = 0; k0 < (use_amx ? 0 : nk4); k0 += 4) {
       float* sk = sc->s + static_cast<size_t>(k0) * Rp;
       int rv = 0;
       for (; rv + 4 <= Rv; rv += 4) dpw_scores<4>(qT2, krow + k0, Ds, Rp, rv, sk);
@@ -2736,6 +2855,17 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
         hn::Store(hn::Mul(hn::Load(d, ap + v * 16), hn::Load(d, sc->alpha + v * 16)), d, ap + v * 16);
     }
     dpw_v_pairs<DT>(vp, D, npair, vt2, L);
+    if (use_amx) {
+      // A tile multiplies all 16 key pairs: those past the tile's keys are zero on both sides
+      // (stale or never written scratch could hold inf or NaN, and 0 * inf is NaN).
+      for (int kk = npair; kk < 16; ++kk) {
+        memset(pT2 + static_cast<size_t>(kk) * Rp, 0, sizeof(uint32_t) * static_cast<size_t>(Rp));
+        memset(vt2 + static_cast<size_t>(kk) * Dw, 0, sizeof(uint32_t) * static_cast<size_t>(Dw));
+      }
+      for (int x = 0; x < Dw; x += 16) transpose16_epi32(vt2 + x, Dw, vA + static_cast<size_t>(x) * 16);
+      dpw_amx_pv(accT, pT2, vA, Dw, Rp, Rv);
+      continue;
+    }
     int rv = 0;
     for (; rv + 4 <= Rv; rv += 4) dpw_accumulate<4>(accT, pT2, vt2, Dw, Rp, rv, npair);
     switch (Rv - rv) {
@@ -2746,6 +2876,7 @@ PA_DP_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc) {
     }
   }
 
+  if (use_amx) _tile_release();
   // Rows back out of accT in natural dim order (times fp8's V scale), then the output pass.
   const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
   float* acc_rows = sc->q;  // qT2 is no longer needed
@@ -2841,9 +2972,9 @@ void AttentionItem(const AttnItem& it, Scratch* sc, int dp) {
   if (dp && it.kv_heads <= 1 && (it.h1 - it.h0) * (it.tok1 - it.tok0) >= 16 &&
       dp_wide_eligible(it)) {
     switch (it.kv.dtype) {
-      case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemWideDp<PAGEDATTN_DTYPE_BFLOAT16>(it, sc); return;
-      case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemWideDp<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc); return;
-      case PAGEDATTN_DTYPE_FP8_E5M2: AttentionItemWideDp<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc); return;
+      case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemWideDp<PAGEDATTN_DTYPE_BFLOAT16>(it, sc, dp == 2); return;
+      case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemWideDp<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc, dp == 2); return;
+      case PAGEDATTN_DTYPE_FP8_E5M2: AttentionItemWideDp<PAGEDATTN_DTYPE_FP8_E5M2>(it, sc, dp == 2); return;
       default: break;
     }
   }
