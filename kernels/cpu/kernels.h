@@ -20,9 +20,10 @@ namespace pa_cpu {
 /* The SIMD target a backend uses: its Highway bit, its name and its dispatch-table index.
  * bf16_dp: the AVX3_DL code also runs decode through AVX512_BF16 dot products (the pseudo
  * target "AVX3_BF16", chosen first where the CPU has AVX512_BF16).
- * amx: on top of bf16_dp, an fp8 cache's decode (scores and P.V) runs on AMX-BF16 tiles (the
- * pseudo target "AVX3_AMX", chosen first where the CPU has AMX-BF16 and the kernel lets this
- * process use it). */
+ * amx: on top of bf16_dp, an fp8 cache's decode and the row-vectorised path of a bf16 or fp8
+ * cache (prefill tiles, wide GQA groups) run their scores and P.V on AMX-BF16 tiles (the pseudo
+ * target "AVX3_AMX", chosen first where the CPU has AMX-BF16 and the kernel lets this process use
+ * it). */
 struct Target {
   int64_t bit;
   const char* name;
