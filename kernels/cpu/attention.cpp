@@ -2631,19 +2631,8 @@ PA_DP_ATTR HWY_INLINE void dpw_v_pairs(const void* const* vp, int D, int npair, 
 // shared. Scores: K rows (16 keys x 32 dims, bf16) as A times qT2 (16 dim pairs x 16 rows) as B
 // give s[k][r] 16 x 16 at a time. P.V: V^T (16 accumulator positions x 16 key pairs, the
 // transposed vt2) as A times pT2 (16 key pairs x 16 rows) as B add into accT. One tile op does
-// 16 x 16 x 32 multiply-adds, where vdpbf16ps does 16 x 2. Every tile is 16 rows of 64 bytes.
-PA_AMX_ATTR HWY_INLINE void dpw_amx_configure() {
-  AmxTileCfg cfg;
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  asm volatile("" : : "r"(&cfg) : "memory");  // see dp_amx_configure
-  _tile_loadconfig(&cfg);
-}
-
+// 16 x 16 x 32 multiply-adds, where vdpbf16ps does 16 x 2. Every tile is 16 rows of 64 bytes
+// (dp_amx_configure(16)).
 // dst[16 x 16] (row stride 16) = the transpose of the 16 x 16 dwords at src (row stride ss).
 PA_DP_ATTR HWY_INLINE void transpose16_epi32(const uint32_t* src, size_t ss, uint32_t* dst) {
   __m512i r[16], t[16];
@@ -2728,10 +2717,10 @@ PA_AMX_ATTR HWY_INLINE void dpw_amx_pv(float* accT, const uint32_t* pT2, const u
   }
 }
 
-// amx: scores and P.V on AMX tiles (dpw_amx_*), a bf16 head's K rows copied zero padded to whole
+// use_amx: scores and P.V on AMX tiles (dpw_amx_*), a bf16 head's K rows copied zero padded to whole
 // tile rows of 32 dims; else vdpbf16ps.
 template <int DT>
-PA_AMX_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc, bool amx) {
+PA_AMX_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc, bool use_amx) {
   const DF d;
   const int D = it.head_size;
   const int nh = it.h1 - it.h0;
@@ -2743,7 +2732,6 @@ PA_AMX_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc, bool amx) 
   // Dims the scores run over: bf16 K rows are read in place (D), or copied zero padded to Dw for
   // the tiles; converted fp8 rows are Dw long, in the lookup's order, which mixes the padding of
   // the last group with real dims.
-  const bool use_amx = amx;
   const int Ds = dp_fp8(DT) || use_amx ? Dw : D;
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
   // Scratch: qT2 in q; accT in acc; K as bf16 rows (fp8, or any for AMX) and the weight pairs in
@@ -2782,7 +2770,7 @@ PA_AMX_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc, bool amx) 
   const void* kp[kKeyTile];
   const void* vp[kKeyTile];
   const uint16_t* krow[kKeyTile];
-  if (use_amx) dpw_amx_configure();
+  if (use_amx) dp_amx_configure(16);  // every tile 16 rows of 64 bytes
 
   prefetch_first(it, kbeg, kend);
   for (int64_t kt0 = kbeg; kt0 < kend; kt0 += kKeyTile) {

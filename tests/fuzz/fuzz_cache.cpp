@@ -228,7 +228,8 @@ void op_write(Cache& c, Input& in) {
             "%d/%d/%d slots %d/%d/%d (ndim %d, dtype %u/%u/%u, shape0 %lld, stride0 %lld, T %d) "
             "null %d%d",
             bad_slot, bad_scale, layer, k.malformed, k.bad_dtype, k.overflow, v.malformed,
-            v.bad_dtype, v.overflow, s.malformed, s.bad_dtype, s.overflow, s.t.ndim, s.t.dtype.code, s.t.dtype.bits, s.t.dtype.lanes,
+            v.bad_dtype, v.overflow, s.malformed, s.bad_dtype, s.overflow, s.t.ndim,
+            s.t.dtype.code, s.t.dtype.bits, s.t.dtype.lanes,
             s.t.ndim > 0 && s.t.shape ? static_cast<long long>(s.t.shape[0]) : -1LL,
             s.t.ndim > 0 && s.t.strides ? static_cast<long long>(s.t.strides[0]) : -1LL, T,
             null_k, null_v);

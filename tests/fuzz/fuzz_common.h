@@ -234,6 +234,10 @@ struct FTensor {
 
 inline size_t dl_size(pagedattn_dlpack_dtype d) { return d.bits >= 8 ? d.bits / 8 : 1; }
 
+inline bool same_dtype(const pagedattn_dlpack_dtype& a, const pagedattn_dlpack_dtype& b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
 inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
                         pagedattn_dlpack_dtype want_dt, bool fill_random,
                         size_t max_bytes = size_t(1) << 20,
@@ -259,10 +263,8 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     t.dtype.code = in.u8() % 16;
     t.dtype.bits = static_cast<uint8_t>(in.u8() % 2 ? 8u << (in.u8() % 3) : in.u8());
     t.dtype.lanes = static_cast<uint16_t>(in.u8() < 200 ? 1 : in.u16());
-    auto same = [&](const pagedattn_dlpack_dtype& d) {
-      return t.dtype.code == d.code && t.dtype.bits == d.bits && t.dtype.lanes == d.lanes;
-    };
-    if (!same(want_dt) && !(also_ok && same(*also_ok))) f.bad_dtype = true;
+    if (!same_dtype(t.dtype, want_dt) && !(also_ok && same_dtype(t.dtype, *also_ok)))
+      f.bad_dtype = true;
   }
   f.esize = dl_size(t.dtype);
   t.device.device_type = PAGEDATTN_DEVICE_CPU;
@@ -359,10 +361,6 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
     t.data = nullptr;
     if (!empty) f.malformed = true;
   }
-}
-
-inline bool same_dtype(const pagedattn_dlpack_dtype& a, const pagedattn_dlpack_dtype& b) {
-  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
 /* Tensors that must share one float dtype, chosen by `lead` (q, or a cache write's key): the lead
