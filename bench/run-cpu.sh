@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the CPU targets of issue 4 in one go and keeps every record.
+# Runs the CPU cases of docs/perf.md in one go and keeps every record.
 # usage: bench/run-cpu.sh [builddir] [outdir]   (defaults: build, <builddir>/bench-out)
 # Needs a build with the bench and (for the onednn rows) the oneDNN plugin.
 set -eu
