@@ -18,10 +18,10 @@
 
 #include "pagedattn/pagedattn.h"
 
-// The bench builds for baseline x86-64, where a read loop is SSE pairs: on a Zen 4 core that read
-// 25.6 GB/s from memory against 33.4 GB/s with AVX2 loads (one thread, same minute), which
-// under-stated the read ceiling. Read loops carry this attribute: an AVX2 clone is picked at load
-// time where the CPU has it, so they measure the memory, not the loop.
+// The bench builds for baseline x86-64, where a read loop is SSE pairs: on one core those read
+// memory markedly slower than AVX2 loads do, so a ceiling measured with them is too low. Read
+// loops carry this attribute: an AVX2 clone is picked at load time where the CPU has it, so they
+// measure the memory, not the loop.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define PA_BENCH_WIDE_LOADS __attribute__((target_clones("avx2", "default")))
 #else
@@ -34,9 +34,9 @@ namespace bench {
 typedef float v8f __attribute__((vector_size(32)));
 
 // A buffer of at least `bytes`, 2 MiB-aligned and advised into huge pages, as the library's CPU
-// caches are: with 4 KiB pages a read stops at every page for the hardware prefetcher and the TLB
-// (Zen 4, one thread: 24.6 GB/s against 30-31 GB/s in huge pages). Free with std::free; nullptr
-// when out of memory.
+// caches are: with 4 KiB pages a read stops at every page for the hardware prefetcher and the TLB,
+// and the ceiling would judge the library against a slower read than its own. Free with
+// std::free; nullptr when out of memory.
 inline void* alloc_huge(size_t bytes) {
   const size_t kHuge = size_t(2) << 20;
   const size_t size = (bytes + kHuge - 1) / kHuge * kHuge;
