@@ -19,37 +19,25 @@ Example (one decode step)::
         out = pa.forward(be, batch, cache, 0, q, k, v)   # q [2, 8, 64], k/v [2, 2, 64] float32
 """
 
-from ._core import (
+from ._attention import forward, merge_states
+from ._backend import Backend, BackendInfo, Capabilities, backends
+from ._batch import Batch, BatchInfo
+from ._cache import CacheDesc, KVCache, bytes_per_block
+from ._ffi import library_path
+from ._status import PagedAttnError, Status, last_error, status_string, version, version_string
+from ._tensor import BFloat16Array, from_bfloat16, to_bfloat16
+from ._types import (
     AttentionType,
-    Backend,
-    BackendInfo,
-    Batch,
-    BatchInfo,
-    CacheDesc,
-    Capabilities,
     DLPackCode,
     DLPackDtype,
     Dtype,
     Feature,
-    KVCache,
     Layout,
-    PagedAttnError,
-    Status,
-    backends,
-    bytes_per_block,
     dtype_from_dlpack,
     dtype_name,
     dtype_size,
     dtype_to_dlpack,
-    forward,
-    last_error,
-    merge_states,
-    status_string,
-    version,
-    version_string,
 )
-from ._ffi import library_path
-from ._tensor import BFloat16Array, from_bfloat16, to_bfloat16
 
 __version__ = "0.1.0"
 

@@ -203,3 +203,11 @@ def int_array(x: Any, dtype: Any, name: str) -> np.ndarray:
     if arr.size and (arr.min() < info.min or arr.max() > info.max):
         raise OverflowError(f"{name}: values do not fit in {np.dtype(dtype).name}")
     return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _i32p(arr: Optional[np.ndarray]) -> Any:
+    return None if arr is None else arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+
+
+def _i64p(arr: Optional[np.ndarray]) -> Any:
+    return None if arr is None else arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))

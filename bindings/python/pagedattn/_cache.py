@@ -1,0 +1,244 @@
+"""KV caches: :class:`CacheDesc`, :func:`bytes_per_block` and :class:`KVCache` (create, wrap,
+write, block copies, swaps, reads and loads)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _ffi
+from ._backend import Backend
+from ._handle import _Handle
+from ._status import PagedAttnError, _check, _lib
+from ._tensor import TensorArg, _i32p, as_tensor, int_array
+from ._types import KV_CACHE_HOST, Dtype, Layout, dtype_from_dlpack
+
+
+@dataclass(frozen=True)
+class CacheDesc:
+    """A cache's geometry (``pagedattn_kv_cache_desc``)."""
+
+    num_layers: int
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_size: int
+    dtype: Dtype
+    layout: Layout
+    flags: int = 0
+
+    def _struct(self) -> _ffi.KVCacheDescStruct:
+        d = _ffi.KVCacheDescStruct()
+        _check(_lib().pagedattn_kv_cache_desc_init(ctypes.byref(d)))
+        d.num_layers, d.num_blocks, d.block_size = self.num_layers, self.num_blocks, self.block_size
+        d.num_kv_heads, d.head_size = self.num_kv_heads, self.head_size
+        d.dtype, d.layout, d.flags = int(self.dtype), int(self.layout), self.flags
+        return d
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block over all layers, K and V (``pagedattn_kv_cache_bytes_per_block``)."""
+        out = ctypes.c_uint64()
+        d = self._struct()
+        _check(_lib().pagedattn_kv_cache_bytes_per_block(ctypes.byref(out), ctypes.byref(d)))
+        return out.value
+
+
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_size: int,
+                    dtype: Dtype, layout: Layout = Layout.NHD) -> int:
+    """Bytes one block takes across all layers, K and V, so a pool can be sized from memory."""
+    return CacheDesc(num_layers, 1, block_size, num_kv_heads, head_size, Dtype(dtype),
+                     Layout(layout)).bytes_per_block
+
+
+def _strides_of(t: TensorArg) -> Tuple[int, ...]:
+    """Element strides of a described tensor (compact ones when its strides are NULL)."""
+    s = t.pointer.contents
+    if s.strides:
+        return tuple(s.strides[i] for i in range(s.ndim))
+    out, acc = [], 1
+    for n in reversed(t.shape):
+        out.append(acc)
+        acc *= n
+    return tuple(reversed(out))
+
+
+def _pairs_array(pairs: Any) -> np.ndarray:
+    arr = int_array(pairs if len(np.shape(pairs)) else [], np.int32, "pairs").reshape(-1)
+    if arr.size % 2:
+        raise ValueError("pairs: need (src, dst) pairs, got an odd number of ids")
+    return arr
+
+
+class KVCache(_Handle):
+    """A paged KV cache. Create with :meth:`create` (library-owned memory) or :meth:`wrap`
+    (caller memory used in place). Keeps its :class:`Backend` (and wrapped arrays) alive.
+
+    ``close()`` is idempotent and frees library-owned memory; afterwards every method raises
+    :class:`PagedAttnError` with ``INVALID_HANDLE``. It may be closed before or after its
+    backend and the batches planned against it.
+    """
+
+    _kind = "KVCache"
+
+    def __init__(self, ptr: int, backend: Backend, keep: Any = None) -> None:
+        super().__init__(ptr, _lib().pagedattn_kv_cache_destroy)
+        self.backend = backend
+        self._keep = keep  # wrapped memory must stay valid until the cache is destroyed
+
+    @classmethod
+    def create(cls, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
+               num_kv_heads: int, head_size: int, dtype: Dtype = Dtype.BFLOAT16,
+               layout: Layout = Layout.NHD, host: bool = False) -> "KVCache":
+        """Allocates a zero-filled cache on the backend's device (``host=True``: pinned host
+        memory of a GPU backend, for swaps).
+
+        Raises:
+            PagedAttnError: ``UNSUPPORTED`` (head/block size or dtype), ``INVALID_ARGUMENT``,
+            ``OUT_OF_MEMORY``...
+        """
+        bh = backend._handle()
+        desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size, Dtype(dtype),
+                         Layout(layout), KV_CACHE_HOST if host else 0)._struct()
+        out = ctypes.c_void_p()
+        _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), bh, ctypes.byref(desc)))
+        return cls(out.value, backend)
+
+    @classmethod
+    def wrap(cls, backend: Backend, k_layers: Sequence[Any], v_layers: Sequence[Any], *,
+             layout: Layout = Layout.NHD, dtype: Optional[Dtype] = None) -> "KVCache":
+        """A cache over caller memory, used in place (zero copy).
+
+        Each entry of ``k_layers`` / ``v_layers`` is one layer's blocks: a numpy array,
+        :class:`BFloat16Array` or ``__dlpack__`` object of shape ``[num_blocks, block_size,
+        num_kv_heads, head_size]`` (NHD) or ``[num_blocks, num_kv_heads, block_size, head_size]``
+        (HND), any strides with a unit innermost stride, the same for every layer. ``dtype`` is
+        taken from the arrays (float32/float16/bfloat16); fp8 caches pass ``uint8`` arrays and
+        ``dtype=Dtype.FP8_E4M3`` or ``FP8_E5M2``. The arrays are kept alive by the cache.
+        """
+        backend._handle()  # a closed backend is INVALID_HANDLE before anything else
+        if len(k_layers) == 0 or len(k_layers) != len(v_layers):
+            raise ValueError("wrap: need as many V layers as K layers, at least one")
+        layout = Layout(layout)
+        args = [as_tensor(t, f"k_layers[{i}]", writable=True) for i, t in enumerate(k_layers)]
+        args += [as_tensor(t, f"v_layers[{i}]", writable=True) for i, t in enumerate(v_layers)]
+        first = args[0]
+        if len(first.shape) != 4:
+            raise ValueError(f"wrap: layers must be 4-D, got shape {first.shape}")
+        t0 = first.pointer.contents
+        strides0 = _strides_of(first)
+        for a in args[1:]:
+            if a.shape != first.shape or _strides_of(a) != strides0 or \
+               (a.code, a.bits) != (first.code, first.bits) or \
+               (a.device_type, a.device_id) != (first.device_type, first.device_id):
+                raise ValueError("wrap: every layer needs the same shape, strides, dtype, device")
+        if dtype is None:
+            try:
+                dtype = dtype_from_dlpack((first.code, first.bits))
+            except PagedAttnError:
+                raise TypeError(f"wrap: cannot infer the cache dtype from DLPack code "
+                                f"{first.code} bits {first.bits}; pass dtype=") from None
+        dtype = Dtype(dtype)
+        if first.bits != 8 * dtype.itemsize:
+            raise TypeError(f"wrap: {dtype.name} needs {8 * dtype.itemsize}-bit elements, "
+                            f"got {first.bits}-bit")
+        if strides0[3] != 1:
+            raise ValueError("wrap: the innermost (head_size) stride must be 1")
+        nb = first.shape[0]
+        if layout == Layout.NHD:
+            bs, hkv, d = first.shape[1], first.shape[2], first.shape[3]
+            block_s, slot_s, head_s = strides0[0], strides0[1], strides0[2]
+        else:
+            hkv, bs, d = first.shape[1], first.shape[2], first.shape[3]
+            block_s, head_s, slot_s = strides0[0], strides0[1], strides0[2]
+        desc = CacheDesc(len(k_layers), nb, bs, hkv, d, dtype, layout)._struct()
+        n = len(k_layers)
+        kptrs = (ctypes.c_void_p * n)(*[a.data_ptr for a in args[:n]])
+        vptrs = (ctypes.c_void_p * n)(*[a.data_ptr for a in args[n:]])
+        mem = _ffi.KVCacheMemoryStruct()
+        mem.struct_size = ctypes.sizeof(mem)
+        mem.k_layers = ctypes.cast(kptrs, ctypes.POINTER(ctypes.c_void_p))
+        mem.v_layers = ctypes.cast(vptrs, ctypes.POINTER(ctypes.c_void_p))
+        mem.block_stride, mem.slot_stride, mem.head_stride = block_s, slot_s, head_s
+        mem.device = _ffi.Device(t0.device.device_type, t0.device.device_id)
+        out = ctypes.c_void_p()
+        _check(_lib().pagedattn_kv_cache_wrap(ctypes.byref(out), backend._handle(),
+                                              ctypes.byref(desc), ctypes.byref(mem)))
+        return cls(out.value, backend, keep=[a.keep for a in args])
+
+    @property
+    def desc(self) -> CacheDesc:
+        """The cache's geometry."""
+        d = _ffi.KVCacheDescStruct()
+        _check(_lib().pagedattn_kv_cache_desc_init(ctypes.byref(d)))
+        _check(_lib().pagedattn_kv_cache_get_desc(ctypes.byref(d), self._handle()))
+        return CacheDesc(d.num_layers, d.num_blocks, d.block_size, d.num_kv_heads, d.head_size,
+                         Dtype(d.dtype), Layout(d.layout), d.flags)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block over all layers, K and V (also one record of :meth:`read_blocks`)."""
+        return self.desc.bytes_per_block
+
+    def layer(self, layer: int) -> Tuple[int, int, Tuple[int, int, int]]:
+        """Layer ``layer``'s K and V base addresses and the (block, slot, head) element strides."""
+        k, v = ctypes.c_void_p(), ctypes.c_void_p()
+        strides = (ctypes.c_int64 * 3)()
+        _check(_lib().pagedattn_kv_cache_get_layer(ctypes.byref(k), ctypes.byref(v), strides,
+                                                   self._handle(), layer))
+        return k.value or 0, v.value or 0, (strides[0], strides[1], strides[2])
+
+    def write(self, layer: int, key: Any, value: Any, slot_mapping: Any, *, k_scale: float = 1.0,
+              v_scale: float = 1.0, stream: Optional[int] = None) -> None:
+        """Reshape-and-cache: stores ``key[t]``, ``value[t]`` (``[T, Hkv, D]``) at
+        ``slot_mapping[t]`` of ``layer`` (-1 skips a token). ``slot_mapping`` is a list or an
+        int32/int64 array (numpy or ``__dlpack__``). Nothing is written if a slot is out of range.
+        """
+        h = self._handle()
+        if isinstance(slot_mapping, (list, tuple)) or (
+                isinstance(slot_mapping, np.ndarray) and slot_mapping.dtype.kind in "iu"
+                and slot_mapping.dtype not in (np.int32, np.int64)):
+            slot_mapping = int_array(slot_mapping, np.int64, "slot_mapping")
+        tk, tv = as_tensor(key, "key"), as_tensor(value, "value")
+        ts = as_tensor(slot_mapping, "slot_mapping")
+        _check(_lib().pagedattn_kv_cache_write(h, layer, tk.pointer, tv.pointer, ts.pointer,
+                                               k_scale, v_scale, stream))
+
+    def copy_blocks(self, pairs: Any, *, stream: Optional[int] = None) -> None:
+        """Copies whole blocks (K and V, every layer): ``pairs`` is ``[(src, dst), ...]`` or a
+        flat ``[src0, dst0, src1, dst1, ...]``. All pairs are checked before anything is copied."""
+        h = self._handle()
+        arr = _pairs_array(pairs)
+        _check(_lib().pagedattn_kv_cache_copy_blocks(h, _i32p(arr), arr.size // 2, stream))
+
+    def swap_blocks(self, src: "KVCache", pairs: Any, *, stream: Optional[int] = None) -> None:
+        """Copies blocks from cache ``src`` into this cache: ``src`` block ``s`` -> block ``d`` of
+        ``self`` for each ``(s, d)`` (same geometry; devices may differ)."""
+        h, sh = self._handle(), src._handle()
+        arr = _pairs_array(pairs)
+        _check(_lib().pagedattn_kv_cache_swap_blocks(h, sh, _i32p(arr), arr.size // 2, stream))
+
+    def read_blocks(self, block_ids: Any, *, stream: Optional[int] = None) -> np.ndarray:
+        """Exports blocks to host memory: a ``uint8`` array ``[len(block_ids), bytes_per_block]``
+        (per id, per layer: the K block then the V block, packed in the cache's layout)."""
+        h = self._handle()
+        ids = int_array(block_ids, np.int32, "block_ids").reshape(-1)
+        bpb = self.bytes_per_block
+        buf = np.zeros((ids.size, bpb), dtype=np.uint8)
+        _check(_lib().pagedattn_kv_cache_read_blocks(h, _i32p(ids), ids.size,
+                                                     buf.ctypes.data, buf.nbytes, stream))
+        return buf
+
+    def load_blocks(self, block_ids: Any, buffer: Any, *, stream: Optional[int] = None) -> None:
+        """The inverse of :meth:`read_blocks`: loads blocks from a host buffer in its format."""
+        h = self._handle()
+        ids = int_array(block_ids, np.int32, "block_ids").reshape(-1)
+        buf = np.ascontiguousarray(buffer)
+        _check(_lib().pagedattn_kv_cache_load_blocks(h, _i32p(ids), ids.size, buf.ctypes.data,
+                                                     buf.nbytes, stream))
+
+
+__all__ = ["CacheDesc", "KVCache", "bytes_per_block"]

@@ -1,0 +1,102 @@
+"""Statuses and errors: :class:`Status`, :class:`PagedAttnError`, the check every call goes
+through, and the library's version."""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from typing import Tuple, Union
+
+from . import _ffi
+
+
+class Status(enum.IntEnum):
+    """``pagedattn_status`` values (pinned by the ABI)."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    NULL_POINTER = 2
+    STRUCT_SIZE = 3
+    BAD_TENSOR = 4
+    WRONG_DEVICE = 5
+    OUT_OF_RANGE = 6
+    OVERFLOW = 7
+    UNSUPPORTED = 8
+    CAPACITY = 9
+    OUT_OF_MEMORY = 10
+    UNKNOWN_BACKEND = 11
+    BACKEND_UNAVAILABLE = 12
+    PLUGIN = 13
+    PLUGIN_ABI = 14
+    DEVICE = 15
+    INVALID_HANDLE = 16
+    INTERNAL = 17
+
+    @property
+    def c_name(self) -> str:
+        """The C constant's name, e.g. ``PAGEDATTN_ERROR_BAD_TENSOR``."""
+        return "PAGEDATTN_OK" if self == 0 else "PAGEDATTN_ERROR_" + self.name
+
+    @classmethod
+    def from_c_name(cls, name: str) -> "Status":
+        """The status whose C constant is ``name``."""
+        for s in cls:
+            if s.c_name == name:
+                return s
+        raise ValueError(f"unknown status name {name!r}")
+
+
+class PagedAttnError(Exception):
+    """A pagedattn call failed.
+
+    Attributes:
+        code: the :class:`Status`.
+        message: the library's ``pagedattn_last_error()`` for the failing call (or, for errors
+            the binding detects itself such as a closed handle, the binding's message).
+    """
+
+    def __init__(self, code: Union[Status, int], message: str) -> None:
+        try:
+            code = Status(code)
+        except ValueError:
+            pass
+        self.code = code
+        self.message = message
+        name = code.c_name if isinstance(code, Status) else f"status {code}"
+        super().__init__(f"{name}: {message}")
+
+
+def _lib() -> ctypes.CDLL:
+    return _ffi.load()
+
+
+def _check(status: int) -> None:
+    """Raises :class:`PagedAttnError` for a failing status, reading the thread's message now."""
+    if status != 0:
+        raw = _lib().pagedattn_last_error()
+        raise PagedAttnError(status, raw.decode("utf-8", "replace") if raw else "")
+
+
+def status_string(status: Union[Status, int]) -> str:
+    """The C name of a status (``pagedattn_status_string``)."""
+    return _lib().pagedattn_status_string(int(status)).decode()
+
+
+def last_error() -> str:
+    """``pagedattn_last_error()`` of this thread (normally read for you by the exceptions)."""
+    return _lib().pagedattn_last_error().decode("utf-8", "replace")
+
+
+def version() -> Tuple[int, int, int]:
+    """The loaded library's (major, minor, patch)."""
+    a, b, c = ctypes.c_int32(), ctypes.c_int32(), ctypes.c_int32()
+    _lib().pagedattn_version(ctypes.byref(a), ctypes.byref(b), ctypes.byref(c))
+    return a.value, b.value, c.value
+
+
+def version_string() -> str:
+    """The loaded library's version string, e.g. ``"0.1.0"``."""
+    return _lib().pagedattn_version_string().decode()
+
+
+__all__ = ["PagedAttnError", "Status", "last_error", "status_string", "version", "version_string"]
