@@ -13,8 +13,8 @@ from ._batch import Batch
 from ._cache import KVCache
 from ._handle import _handle_or_null
 from ._status import _check, _lib
-from ._tensor import as_tensor, empty_like
-from ._types import AttentionType
+from ._tensor import as_tensor, checked_int, empty_like, stream_arg
+from ._types import AttentionType, enum_arg
 
 
 def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], layer: int,
@@ -47,18 +47,24 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
 
     Raises:
         PagedAttnError: with the library's status and message; nothing is written on failure.
+        TypeError, OverflowError: an integer argument (layer, num_heads, num_kv_heads,
+            head_size, sliding_window, also taken from shapes) that is not an integer or does
+            not fit int32, or a stream that is not an address; checked before anything runs.
     """
     bh = backend._handle()
     batch_h = _handle_or_null(batch)
     cache_h = _handle_or_null(cache)
-    attention_type = AttentionType(attention_type)
+    attention_type = enum_arg(AttentionType, attention_type, "attention_type")
+    layer = checked_int(layer, "int32", "layer")
+    sliding_window = checked_int(sliding_window, "int32", "sliding_window")
+    stream = stream_arg(stream)
     tq = as_tensor(q, "q")
     if len(tq.shape) != 3 and (num_heads is None or head_size is None):
         raise ValueError(f"q: expected [num_tokens, H, D], got shape {tq.shape}")
     tk = None if k is None else as_tensor(k, "k")
     tv = None if v is None else as_tensor(v, "v")
-    H = num_heads if num_heads is not None else tq.shape[1]
-    D = head_size if head_size is not None else tq.shape[2]
+    H = checked_int(num_heads if num_heads is not None else tq.shape[1], "int32", "num_heads")
+    D = checked_int(head_size if head_size is not None else tq.shape[2], "int32", "head_size")
     if num_kv_heads is None:
         if tk is not None and len(tk.shape) == 3:
             num_kv_heads = tk.shape[1]
@@ -66,6 +72,7 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
             num_kv_heads = cache.desc.num_kv_heads
         else:
             num_kv_heads = H
+    num_kv_heads = checked_int(num_kv_heads, "int32", "num_kv_heads")
     if write_kv is None:
         write_kv = attention_type != AttentionType.ENCODER_ONLY and k is not None
     if out is None:
@@ -111,6 +118,7 @@ def merge_states(backend: Backend, o1: Any, lse1: Any, o2: Any, lse2: Any, *, ou
         ``(out, lse_out)``, or ``out`` when ``lse_out`` is not requested.
     """
     bh = backend._handle()
+    stream = stream_arg(stream)
     t1, t2 = as_tensor(o1, "o1"), as_tensor(o2, "o2")
     l1, l2 = as_tensor(lse1, "lse1"), as_tensor(lse2, "lse2")
     if out is None:

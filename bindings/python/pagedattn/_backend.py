@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 from . import _ffi
 from ._handle import _Handle
 from ._status import _check, _lib
+from ._tensor import checked_int, stream_arg
 from ._types import Dtype, Feature, Layout
 
 if TYPE_CHECKING:  # both import Backend
@@ -70,6 +71,8 @@ class Backend(_Handle):
 
     Raises:
         PagedAttnError: e.g. ``UNKNOWN_BACKEND``, ``BACKEND_UNAVAILABLE`` (the message says why).
+        TypeError, OverflowError: an option that is not an integer or does not fit its C field
+            (int32; memory_limit uint64).
 
     ``close()`` is idempotent; afterwards every method raises ``INVALID_HANDLE``, while the
     caches and batches created from the backend keep working until they are closed themselves.
@@ -82,9 +85,9 @@ class Backend(_Handle):
         lib = _lib()
         opts = _ffi.BackendOptionsStruct()
         _check(lib.pagedattn_backend_options_init(ctypes.byref(opts)))
-        opts.device_index = device_index
-        opts.num_threads = num_threads
-        opts.memory_limit = memory_limit
+        opts.device_index = checked_int(device_index, "int32", "device_index")
+        opts.num_threads = checked_int(num_threads, "int32", "num_threads")
+        opts.memory_limit = checked_int(memory_limit, "uint64", "memory_limit")
         out = ctypes.c_void_p()
         _check(lib.pagedattn_backend_create(ctypes.byref(out), name.encode(), ctypes.byref(opts)))
         super().__init__(out.value, lib.pagedattn_backend_destroy)
@@ -120,7 +123,7 @@ class Backend(_Handle):
 
     def synchronize(self, stream: Optional[int] = None) -> None:
         """Waits for the work queued on ``stream`` (no-op on CPU)."""
-        _check(_lib().pagedattn_backend_synchronize(self._handle(), stream))
+        _check(_lib().pagedattn_backend_synchronize(self._handle(), stream_arg(stream)))
 
     def forward(self, batch: Optional["Batch"], cache: Optional["KVCache"], layer: int, q: Any,
                 k: Any = None, v: Any = None, **kwargs: Any) -> Any:

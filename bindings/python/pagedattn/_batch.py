@@ -13,7 +13,7 @@ from ._backend import Backend
 from ._cache import KVCache
 from ._handle import _Handle, _handle_or_null
 from ._status import _check, _lib
-from ._tensor import _i32p, _i64p, int_array
+from ._tensor import _i32p, _i64p, checked_int, int_array
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _table(rows: Any, name: str) -> Tuple[Optional[np.ndarray], int]:
     width = max((len(r) for r in rows), default=0)
     arr = np.zeros((len(rows), max(width, 1)), dtype=np.int32)
     for i, r in enumerate(rows):
-        arr[i, :len(r)] = int_array(r, np.int32, name) if r else []
+        arr[i, :len(r)] = int_array(r, np.int32, f"{name}[{i}]") if r else []
     return arr, max(width, 1)
 
 
@@ -73,6 +73,9 @@ class Batch(_Handle):
         PagedAttnError: ``OUT_OF_RANGE`` (a block id outside the cache, a short table row),
         ``INVALID_ARGUMENT`` (negative lengths), ``INVALID_HANDLE`` (a closed backend or
         cache)...
+        TypeError, OverflowError: a length, id or capacity that is not an integer or does not
+        fit its C type (int32; max_num_tokens, max_num_encoder_tokens, max_seq_len and slots
+        int64).
 
     ``close()`` is idempotent; afterwards every method raises ``INVALID_HANDLE``. A batch may be
     closed before or after its backend and caches.
@@ -90,10 +93,12 @@ class Batch(_Handle):
         cache_h, cross_h = _handle_or_null(cache), _handle_or_null(cross_cache)
         desc, keep = self._desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
                                 cross_block_tables)
-        desc.max_num_seqs, desc.max_num_tokens = max_num_seqs, max_num_tokens
-        desc.max_blocks_per_seq, desc.max_num_encoder_tokens = max_blocks_per_seq, \
-            max_num_encoder_tokens
-        desc.max_seq_len = max_seq_len
+        desc.max_num_seqs = checked_int(max_num_seqs, "int32", "max_num_seqs")
+        desc.max_num_tokens = checked_int(max_num_tokens, "int64", "max_num_tokens")
+        desc.max_blocks_per_seq = checked_int(max_blocks_per_seq, "int32", "max_blocks_per_seq")
+        desc.max_num_encoder_tokens = checked_int(max_num_encoder_tokens, "int64",
+                                                  "max_num_encoder_tokens")
+        desc.max_seq_len = checked_int(max_seq_len, "int64", "max_seq_len")
         out = ctypes.c_void_p()
         _check(_lib().pagedattn_batch_create(ctypes.byref(out), bh, cache_h, cross_h,
                                              ctypes.byref(desc)))
@@ -119,12 +124,14 @@ class Batch(_Handle):
         xt, xwidth = _table(cross_block_tables, "cross_block_tables")
         d = _ffi.BatchDescStruct()
         _check(_lib().pagedattn_batch_desc_init(ctypes.byref(d)))
-        d.num_seqs = q.size
+        d.num_seqs = checked_int(q.size, "int32", "num_seqs")
         d.query_lens, d.context_lens = _i32p(q), _i32p(c)
-        d.block_tables, d.block_table_stride = _i32p(tables), width
+        d.block_tables = _i32p(tables)
+        d.block_table_stride = checked_int(width, "int32", "block_tables width")
         d.slot_mapping = _i64p(sm)
         d.encoder_lens = _i32p(enc)
-        d.cross_block_tables, d.cross_block_table_stride = _i32p(xt), xwidth
+        d.cross_block_tables = _i32p(xt)
+        d.cross_block_table_stride = checked_int(xwidth, "int32", "cross_block_tables width")
         return d, [q, c, tables, sm, enc, xt]
 
     def update(self, query_lens: Any, context_lens: Any = None, block_tables: Any = None, *,

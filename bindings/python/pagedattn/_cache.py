@@ -13,8 +13,13 @@ from . import _ffi
 from ._backend import Backend
 from ._handle import _Handle
 from ._status import PagedAttnError, _check, _lib
-from ._tensor import TensorArg, _i32p, as_tensor, int_array
-from ._types import KV_CACHE_HOST, Dtype, Layout, dtype_from_dlpack
+from ._tensor import TensorArg, _i32p, as_tensor, checked_int, int_array, stream_arg
+from ._types import KV_CACHE_HOST, Dtype, Layout, dtype_from_dlpack, enum_arg
+
+# The C type of each pagedattn_kv_cache_desc field, checked before it is stored.
+_DESC_FIELDS = (("num_layers", "int32"), ("num_blocks", "int32"), ("block_size", "int32"),
+                ("num_kv_heads", "int32"), ("head_size", "int32"), ("dtype", "intc"),
+                ("layout", "intc"), ("flags", "uint32"))
 
 
 @dataclass(frozen=True)
@@ -31,11 +36,11 @@ class CacheDesc:
     flags: int = 0
 
     def _struct(self) -> _ffi.KVCacheDescStruct:
+        values = [checked_int(getattr(self, f), ctype, f) for f, ctype in _DESC_FIELDS]
         d = _ffi.KVCacheDescStruct()
         _check(_lib().pagedattn_kv_cache_desc_init(ctypes.byref(d)))
-        d.num_layers, d.num_blocks, d.block_size = self.num_layers, self.num_blocks, self.block_size
-        d.num_kv_heads, d.head_size = self.num_kv_heads, self.head_size
-        d.dtype, d.layout, d.flags = int(self.dtype), int(self.layout), self.flags
+        for (f, _), value in zip(_DESC_FIELDS, values):
+            setattr(d, f, value)
         return d
 
     @property
@@ -49,9 +54,15 @@ class CacheDesc:
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_size: int,
                     dtype: Dtype, layout: Layout = Layout.NHD) -> int:
-    """Bytes one block takes across all layers, K and V, so a pool can be sized from memory."""
-    return CacheDesc(num_layers, 1, block_size, num_kv_heads, head_size, Dtype(dtype),
-                     Layout(layout)).bytes_per_block
+    """Bytes one block takes across all layers, K and V, so a pool can be sized from memory.
+
+    Raises:
+        TypeError, OverflowError: an argument that is not an integer or does not fit its C field
+            (int32).
+    """
+    return CacheDesc(num_layers, 1, block_size, num_kv_heads, head_size,
+                     enum_arg(Dtype, dtype, "dtype"),
+                     enum_arg(Layout, layout, "layout")).bytes_per_block
 
 
 def _strides_of(t: TensorArg) -> Tuple[int, ...]:
@@ -99,10 +110,13 @@ class KVCache(_Handle):
         Raises:
             PagedAttnError: ``UNSUPPORTED`` (head/block size or dtype), ``INVALID_ARGUMENT``,
             ``OUT_OF_MEMORY``...
+            TypeError, OverflowError: a size that is not an integer or does not fit int32 (nothing
+            is allocated).
         """
         bh = backend._handle()
-        desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size, Dtype(dtype),
-                         Layout(layout), KV_CACHE_HOST if host else 0)._struct()
+        desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size,
+                         enum_arg(Dtype, dtype, "dtype"), enum_arg(Layout, layout, "layout"),
+                         KV_CACHE_HOST if host else 0)._struct()
         out = ctypes.c_void_p()
         _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), bh, ctypes.byref(desc)))
         return cls(out.value, backend)
@@ -122,7 +136,7 @@ class KVCache(_Handle):
         backend._handle()  # a closed backend is INVALID_HANDLE before anything else
         if len(k_layers) == 0 or len(k_layers) != len(v_layers):
             raise ValueError("wrap: need as many V layers as K layers, at least one")
-        layout = Layout(layout)
+        layout = enum_arg(Layout, layout, "layout")
         args = [as_tensor(t, f"k_layers[{i}]", writable=True) for i, t in enumerate(k_layers)]
         args += [as_tensor(t, f"v_layers[{i}]", writable=True) for i, t in enumerate(v_layers)]
         first = args[0]
@@ -141,7 +155,7 @@ class KVCache(_Handle):
             except PagedAttnError:
                 raise TypeError(f"wrap: cannot infer the cache dtype from DLPack code "
                                 f"{first.code} bits {first.bits}; pass dtype=") from None
-        dtype = Dtype(dtype)
+        dtype = enum_arg(Dtype, dtype, "dtype")
         if first.bits != 8 * dtype.itemsize:
             raise TypeError(f"wrap: {dtype.name} needs {8 * dtype.itemsize}-bit elements, "
                             f"got {first.bits}-bit")
@@ -188,7 +202,8 @@ class KVCache(_Handle):
         k, v = ctypes.c_void_p(), ctypes.c_void_p()
         strides = (ctypes.c_int64 * 3)()
         _check(_lib().pagedattn_kv_cache_get_layer(ctypes.byref(k), ctypes.byref(v), strides,
-                                                   self._handle(), layer))
+                                                   self._handle(),
+                                                   checked_int(layer, "int32", "layer")))
         return k.value or 0, v.value or 0, (strides[0], strides[1], strides[2])
 
     def write(self, layer: int, key: Any, value: Any, slot_mapping: Any, *, k_scale: float = 1.0,
@@ -204,22 +219,25 @@ class KVCache(_Handle):
             slot_mapping = int_array(slot_mapping, np.int64, "slot_mapping")
         tk, tv = as_tensor(key, "key"), as_tensor(value, "value")
         ts = as_tensor(slot_mapping, "slot_mapping")
-        _check(_lib().pagedattn_kv_cache_write(h, layer, tk.pointer, tv.pointer, ts.pointer,
-                                               k_scale, v_scale, stream))
+        _check(_lib().pagedattn_kv_cache_write(h, checked_int(layer, "int32", "layer"), tk.pointer,
+                                               tv.pointer, ts.pointer, k_scale, v_scale,
+                                               stream_arg(stream)))
 
     def copy_blocks(self, pairs: Any, *, stream: Optional[int] = None) -> None:
         """Copies whole blocks (K and V, every layer): ``pairs`` is ``[(src, dst), ...]`` or a
         flat ``[src0, dst0, src1, dst1, ...]``. All pairs are checked before anything is copied."""
         h = self._handle()
         arr = _pairs_array(pairs)
-        _check(_lib().pagedattn_kv_cache_copy_blocks(h, _i32p(arr), arr.size // 2, stream))
+        _check(_lib().pagedattn_kv_cache_copy_blocks(h, _i32p(arr), arr.size // 2,
+                                                     stream_arg(stream)))
 
     def swap_blocks(self, src: "KVCache", pairs: Any, *, stream: Optional[int] = None) -> None:
         """Copies blocks from cache ``src`` into this cache: ``src`` block ``s`` -> block ``d`` of
         ``self`` for each ``(s, d)`` (same geometry; devices may differ)."""
         h, sh = self._handle(), src._handle()
         arr = _pairs_array(pairs)
-        _check(_lib().pagedattn_kv_cache_swap_blocks(h, sh, _i32p(arr), arr.size // 2, stream))
+        _check(_lib().pagedattn_kv_cache_swap_blocks(h, sh, _i32p(arr), arr.size // 2,
+                                                     stream_arg(stream)))
 
     def read_blocks(self, block_ids: Any, *, stream: Optional[int] = None) -> np.ndarray:
         """Exports blocks to host memory: a ``uint8`` array ``[len(block_ids), bytes_per_block]``
@@ -229,7 +247,8 @@ class KVCache(_Handle):
         bpb = self.bytes_per_block
         buf = np.zeros((ids.size, bpb), dtype=np.uint8)
         _check(_lib().pagedattn_kv_cache_read_blocks(h, _i32p(ids), ids.size,
-                                                     buf.ctypes.data, buf.nbytes, stream))
+                                                     buf.ctypes.data, buf.nbytes,
+                                                     stream_arg(stream)))
         return buf
 
     def load_blocks(self, block_ids: Any, buffer: Any, *, stream: Optional[int] = None) -> None:
@@ -238,7 +257,7 @@ class KVCache(_Handle):
         ids = int_array(block_ids, np.int32, "block_ids").reshape(-1)
         buf = np.ascontiguousarray(buffer)
         _check(_lib().pagedattn_kv_cache_load_blocks(h, _i32p(ids), ids.size, buf.ctypes.data,
-                                                     buf.nbytes, stream))
+                                                     buf.nbytes, stream_arg(stream)))
 
 
 __all__ = ["CacheDesc", "KVCache", "bytes_per_block"]

@@ -8,6 +8,7 @@ import enum
 from typing import Tuple, Union
 
 from . import _ffi
+from ._tensor import checked_int
 
 
 class Status(enum.IntEnum):
@@ -78,8 +79,12 @@ def _check(status: int) -> None:
 
 
 def status_string(status: Union[Status, int]) -> str:
-    """The C name of a status (``pagedattn_status_string``)."""
-    return _lib().pagedattn_status_string(int(status)).decode()
+    """The C name of a status (``pagedattn_status_string``).
+
+    Raises:
+        TypeError, OverflowError: ``status`` is not an integer, or does not fit the C ``int``.
+    """
+    return _lib().pagedattn_status_string(checked_int(status, "intc", "status")).decode()
 
 
 def last_error() -> str:

@@ -7,11 +7,15 @@ capsule is kept alive until the call returns and then released by its producer.
 
 numpy has no bfloat16: wrap a ``uint16`` array holding bfloat16 bit patterns in
 :class:`BFloat16Array` (see :func:`to_bfloat16` / :func:`from_bfloat16`).
+
+Integers bound for C (:func:`int_array` for arrays, :func:`checked_int` for scalars) are checked
+against their C type first: ctypes would silently keep only the low bits.
 """
 
 from __future__ import annotations
 
 import ctypes
+import operator
 from typing import Any, List, Optional, Tuple
 
 import numpy as np
@@ -194,14 +198,65 @@ def empty_like(obj: Any, shape: Tuple[int, ...], dtype_of: Any = None) -> Any:
     raise TypeError(f"cannot allocate an output like {type(ref).__name__}: pass out= explicitly")
 
 
+# (min, max, name) of the C integer types by numpy name, computed once: np.iinfo costs ~7 us.
+_LIMITS = {t: (int(np.iinfo(t).min), int(np.iinfo(t).max), np.iinfo(t).dtype.name)
+           for t in ("uint8", "uint16", "int32", "uint32", "int64", "uint64", "intc", "uintp")}
+
+
+def checked_int(value: Any, ctype: str, name: str) -> int:
+    """``value`` as an int for a C field or argument of type ``ctype`` (a numpy integer type
+    name such as ``"int32"`` or ``"uint64"``), checked before it reaches ctypes.
+
+    Accepts ints, numpy integers and anything with ``__index__``; like numpy's sizes, refuses
+    bools and floats (even 2.0).
+
+    Raises:
+        TypeError: ``value`` is not an integer.
+        OverflowError: it does not fit ``ctype``, e.g. "layer = 4294967296 does not fit int32".
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected an integer, got a bool")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}") from None
+    lo, hi, cname = _LIMITS[ctype]
+    if not lo <= v <= hi:
+        raise OverflowError(f"{name} = {v} does not fit {cname}")
+    return v
+
+
+def stream_arg(stream: Any) -> Optional[int]:
+    """A GPU stream for a ``void*`` argument: None (the default stream), an int address or a
+    ``ctypes.c_void_p``."""
+    if stream is None or isinstance(stream, ctypes.c_void_p):
+        return None if stream is None else stream.value
+    return checked_int(stream, "uintp", "stream")
+
+
 def int_array(x: Any, dtype: Any, name: str) -> np.ndarray:
-    """A C-contiguous integer numpy array (copied only if needed) with range checking."""
+    """A C-contiguous integer numpy array (copied only if needed) with range checking; an
+    element that does not fit is named with its index, as :func:`checked_int` names scalars."""
     arr = np.asarray(x)
+    ctype = np.dtype(dtype).name
+
+    def element(i: int) -> str:
+        if arr.ndim == 0:
+            return name
+        return f"{name}[{', '.join(str(j) for j in np.unravel_index(i, arr.shape))}]"
+
+    if arr.dtype == object:  # Python ints beyond 64 bits, or things that are not integers
+        for i, v in enumerate(arr.flat):
+            checked_int(v, ctype, element(i))
+        return np.ascontiguousarray(arr.astype(dtype))
     if arr.dtype.kind not in "iu" and arr.size:
         raise TypeError(f"{name}: expected integers, got {arr.dtype}")
-    info = np.iinfo(dtype)
-    if arr.size and (arr.min() < info.min or arr.max() > info.max):
-        raise OverflowError(f"{name}: values do not fit in {np.dtype(dtype).name}")
+    lo, hi, _ = _LIMITS[ctype]
+    # Compared as Python ints: numpy compares uint64 with int64 bounds in float64, where
+    # 2**63 equals the int64 maximum.
+    if arr.size and (int(arr.min()) < lo or int(arr.max()) > hi):
+        i = next(i for i, v in enumerate(arr.flat) if not lo <= int(v) <= hi)
+        raise OverflowError(f"{element(i)} = {arr.flat[i]} does not fit {ctype}")
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
@@ -211,3 +266,4 @@ def _i32p(arr: Optional[np.ndarray]) -> Any:
 
 def _i64p(arr: Optional[np.ndarray]) -> Any:
     return None if arr is None else arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int64))
+

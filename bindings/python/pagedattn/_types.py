@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import ctypes
 import enum
-from typing import NamedTuple, Tuple, Union
+from typing import NamedTuple, Tuple, Type, TypeVar, Union
 
 from . import _ffi
 from ._status import _check, _lib
+from ._tensor import checked_int
 
 
 class Dtype(enum.IntEnum):
@@ -103,17 +104,34 @@ class Feature(enum.IntFlag):
 
 KV_CACHE_HOST = 1  # PAGEDATTN_KV_CACHE_HOST
 
+_E = TypeVar("_E", bound=enum.IntEnum)
+
+
+def enum_arg(cls: Type[_E], value: object, name: str) -> _E:
+    """``value`` as a member of ``cls``: an integer first (a float such as 2.0 is a TypeError,
+    as with :func:`checked_int`), then a member (ValueError otherwise)."""
+    return cls(checked_int(value, "intc", name))
+
 
 def dtype_size(dtype: Union[Dtype, int]) -> int:
     """Bytes per element of a cache dtype (``pagedattn_dtype_size``); 0 for a value that is not
-    a dtype."""
-    return int(_lib().pagedattn_dtype_size(int(dtype)))
+    a dtype.
+
+    Raises:
+        TypeError, OverflowError: ``dtype`` is not an integer, or does not fit the C ``int``.
+    """
+    return int(_lib().pagedattn_dtype_size(checked_int(dtype, "intc", "dtype")))
 
 
 def dtype_name(dtype: Union[Dtype, int]) -> str:
     """The library's name for a dtype (``pagedattn_dtype_name``): ``"float32"``, ``"bfloat16"``,
-    ``"fp8_e4m3"``...; ``"invalid"`` for a value that is not a dtype (never raises)."""
-    return _lib().pagedattn_dtype_name(int(dtype)).decode()
+    ``"fp8_e4m3"``...; ``"invalid"`` for an integer that is not a dtype.
+
+    Raises:
+        TypeError, OverflowError: only when ``dtype`` is not an integer, or does not fit the C
+            ``int``.
+    """
+    return _lib().pagedattn_dtype_name(checked_int(dtype, "intc", "dtype")).decode()
 
 
 def dtype_to_dlpack(dtype: Union[Dtype, int]) -> DLPackDtype:
@@ -122,9 +140,11 @@ def dtype_to_dlpack(dtype: Union[Dtype, int]) -> DLPackDtype:
 
     Raises:
         PagedAttnError: ``INVALID_ARGUMENT`` for a value that is not a dtype.
+        TypeError, OverflowError: ``dtype`` is not an integer, or does not fit the C ``int``.
     """
+    value = checked_int(dtype, "intc", "dtype")
     out = _ffi.DLDataType()
-    _check(_lib().pagedattn_dtype_to_dlpack(ctypes.byref(out), int(dtype)))
+    _check(_lib().pagedattn_dtype_to_dlpack(ctypes.byref(out), value))
     return DLPackDtype(_dlpack_code(out.code), out.bits, out.lanes)
 
 
@@ -137,12 +157,15 @@ def dtype_from_dlpack(dtype: Union[DLPackDtype, Tuple[int, ...]]) -> Dtype:
         PagedAttnError: ``UNSUPPORTED`` (the message names code, bits and lanes) for a type the
             library has no use for, such as int32 or a vector type.
         ValueError: a tuple of the wrong length or with values outside the C fields' ranges.
+        TypeError: a value that is not an integer.
     """
     if not 2 <= len(dtype) <= 3:
         raise ValueError(f"DLPack dtype: expected (code, bits[, lanes]), got {dtype!r}")
-    code, bits, lanes = (tuple(int(x) for x in dtype) + (1,))[:3]
-    if not (0 <= code <= 0xFF and 0 <= bits <= 0xFF and 0 <= lanes <= 0xFFFF):
-        raise ValueError(f"DLPack dtype {dtype!r}: code and bits must fit uint8, lanes uint16")
+    fields = zip(tuple(dtype) + (1,), ("uint8", "uint8", "uint16"), ("code", "bits", "lanes"))
+    try:
+        code, bits, lanes = (checked_int(x, ctype, name) for x, ctype, name in fields)
+    except OverflowError as e:  # documented as ValueError, which callers may catch
+        raise ValueError(f"DLPack dtype {dtype!r}: {e}") from None
     out = ctypes.c_int(0)
     _check(_lib().pagedattn_dtype_from_dlpack(ctypes.byref(out), _ffi.DLDataType(code, bits,
                                                                                     lanes)))
