@@ -17,16 +17,19 @@ cases run on an HND cache that both libraries read; IPEX's CPU decode takes bf16
 caches (not e4m3). IPEX pins its torch version: `pip install torch==2.8.0
 intel-extension-for-pytorch==2.8.0 numpy` in a separate virtual environment.
 
-Cases (the shapes of issue 4's targets, all changeable by flags):
+Cases (the target shapes of docs/perf.md, all changeable by flags):
   decode   batch 16 x context 4096, 32/8 heads, head size 128, block 16, bf16 and fp8 e4m3
            caches (NHD, block tables shuffled, 268 MB of bf16 K/V: far beyond the L3)
   prefill  4 x 2048 new tokens, causal, same heads, bf16
   ipex     (with IPEX) decode as above over bf16 and fp8 e5m2 HND caches, and the prefill
 
 Each timing is the median of --rounds rounds, every round running each contender --inner times
-in turn (ours, then torch, alternating, so a change in the host's state hits both). Outputs are
-compared (max |ours - theirs| / max |theirs|); the script exits 1 if they disagree beyond bf16's
-rounding. torch is not a dependency of the library: install it yourself (`pip install torch
+in turn (ours, then torch, alternating, so a change in the host's state hits both). Correctness is
+judged against a float64 reference computed here from the same inputs (the cache's stored bf16 or
+fp8 values, the bf16 queries), never against a peer: every contender's error (max |out - ref| /
+max |ref|, on up to --check-rows query rows per sequence) is printed, and the script exits 1 when
+ours exceeds the library's tolerance (bf16 2e-2, fp8 cache 6e-2). A peer beyond it is reported,
+not failed: its error is information. torch is not a dependency of the library: install it yourself (`pip install torch
 numpy` in a virtual environment) and run, from the repository root after a build:
 
   PAGEDATTN_LIB_DIR=build/lib PYTHONPATH=bindings/python python3 bench/compare_torch_cpu.py
@@ -110,7 +113,7 @@ def sdpa(q, k, v, causal: bool):
 
 def median_ms(fns: dict, rounds: int, inner: int) -> dict:
     """Runs every fn of `fns` inner times per round, contenders in turn; median/min of rounds.
-    The callers' agreement check has run each fn once already: that is the warm-up (page
+    The callers' float64 check has run each fn once already: that is the warm-up (page
     faults, thread pools, oneDNN primitive caches)."""
     per = {k: [] for k in fns}
     for _ in range(rounds):
@@ -122,9 +125,38 @@ def median_ms(fns: dict, rounds: int, inner: int) -> dict:
     return {k: (statistics.median(v), min(v)) for k, v in per.items()}
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |a - ref| / max |ref|, the library's measure; NaN anywhere in a counts as infinite."""
+    a = a.double()
+    if not torch.isfinite(a).all():
+        return math.inf
+    return float((a - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+# The library's tolerances on max |out - ref| / max |ref| (bf16 outputs; an fp8 cache's reference
+# uses the same stored fp8 values, so its extra error is the bf16 softmax weights' rounding).
+TOLERANCE = {"bfloat16": 2e-2, "fp8_e4m3": 6e-2, "fp8_e5m2": 6e-2}
+
+
+def check_rows(T: int, n: int) -> torch.Tensor:
+    """The query rows of a T-row sequence judged against float64: all of them up to n, else n
+    spread over the sequence, the first and the last included."""
+    if T <= n:
+        return torch.arange(T)
+    return torch.linspace(0, T - 1, n).round().long().unique()
+
+
+def softmax_pv(q, k, v, scale: float, mask=None):
+    """float64 attention for one sequence: q [R, H, D], k/v [T, Hkv, D], mask [R, T] of visible
+    keys (None: all); GQA heads h use KV head h // (H / Hkv). Returns [R, H, D]."""
+    R, H, D = q.shape
+    hkv = k.shape[1]
+    qg = q.double().view(R, hkv, H // hkv, D)
+    s = torch.einsum("rhgd,thd->hgrt", qg, k.double()) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("hgrt,thd->rhgd", p, v.double()).reshape(R, H, D)
 
 
 class Paged:
@@ -157,6 +189,17 @@ class Paged:
         perm = torch.randperm(nblocks, generator=gen)[: seqs * per_seq]
         self.table = perm.view(seqs, per_seq).to(torch.int32)
         self.flat = self.table.view(-1).to(torch.int64)
+
+    def seq_kv(self, s: int) -> tuple:
+        """Sequence s's K and V as stored in the cache, [seq_len, kv_heads, D] float64."""
+        blocks = self.table[s].long()
+        out = []
+        for c in (self.k, self.v):
+            x = c[blocks].to(torch.float64)
+            if self.layout != "nhd":
+                x = x.transpose(1, 2)
+            out.append(x.reshape(-1, *x.shape[2:])[: self.seq_len])
+        return tuple(out)
 
     def gathered(self) -> tuple:
         """[seqs, kv_heads, seq_len, D] bf16 K and V gathered through the table, the plain way
@@ -249,13 +292,17 @@ def decode_case(be, args, cache_dtype: str, gen, layout: str = "nhd") -> dict:
             return out_ipex
 
         fns["ipex_paged_decode"] = ipex_paged_decode
+    # float64 reference: each query row sees all ctx keys of its sequence.
+    ref = torch.stack([softmax_pv(q[s:s + 1], *paged.seq_kv(s), scale)[0] for s in range(B)])
     ours()
-    err = max(rel_err(out, f()) for name, f in fns.items() if name != "ours")
+    errs = {"ours": rel_err(out, ref)}
+    errs.update({name: rel_err(f(), ref) for name, f in fns.items() if name != "ours"})
     t = median_ms(fns, args.rounds, args.inner)
     kv_bytes = 2 * B * ctx * Hkv * D * paged.k.element_size()
     where = "cache" if layout == "nhd" else "HND"
     return {"case": f"decode b{B} x {ctx}, {H}/{Hkv} x {D}, {cache_dtype} {where}",
-            "times": t, "rel_err": err, "kv_bytes": kv_bytes, "tokens": B}
+            "times": t, "errors": errs, "tolerance": TOLERANCE[cache_dtype],
+            "kv_bytes": kv_bytes, "tokens": B}
 
 
 def prefill_case(be, args, gen, layout: str = "nhd") -> dict:
@@ -317,14 +364,22 @@ def prefill_case(be, args, gen, layout: str = "nhd") -> dict:
             return out_ipex.view(B, T, H, D).transpose(1, 2)
 
         fns["ipex_paged_prefill"] = ipex_paged_prefill
+    # float64 reference on the judged rows of each sequence (causal: row i sees keys 0..i).
+    rows = check_rows(T, args.check_rows)
+    pos = torch.arange(T)
+    ref = torch.cat([softmax_pv(q[b * T + rows], k[b * T:(b + 1) * T], v[b * T:(b + 1) * T],
+                                scale, pos[None, :] <= rows[:, None]) for b in range(B)])
+    picked = torch.cat([b * T + rows for b in range(B)])
     ours()
-    err = max(rel_err(out, f().transpose(1, 2).reshape(B * T, H, D))
-              for name, f in fns.items() if name != "ours")
+    errs = {"ours": rel_err(out[picked], ref)}
+    errs.update({name: rel_err(f().transpose(1, 2).reshape(B * T, H, D)[picked], ref)
+                 for name, f in fns.items() if name != "ours"})
     t = median_ms(fns, args.rounds, max(1, args.inner // 4))
     flops = 4.0 * B * H * D * (T * (T + 1) / 2)  # QK^T and PV, causal half
     where = "" if layout == "nhd" else " HND"
     return {"case": f"prefill {B} x {T} causal, {H}/{Hkv} x {D}, bf16{where}",
-            "times": t, "rel_err": err, "flops": flops, "tokens": B * T}
+            "times": t, "errors": errs, "tolerance": TOLERANCE["bfloat16"],
+            "checked_rows": int(picked.numel()), "flops": flops, "tokens": B * T}
 
 
 def capability() -> str:
@@ -347,6 +402,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--inner", type=int, default=8, help="calls per round (prefill: a quarter)")
     ap.add_argument("--cases", default="decode,fp8,prefill,ipex")
+    ap.add_argument("--check-rows", type=int, default=64,
+                    help="prefill: query rows per sequence judged against float64")
     ap.add_argument("--json", default=None, help="append the results as one JSON line here")
     args = ap.parse_args()
 
@@ -392,10 +449,13 @@ def main() -> int:
                 rate = f"{r['flops'] / med / 1e6:.0f} GFLOP/s"
             speed = "" if name == "ours" else f"{med / ours_ms:.2f}x"
             print(f"{r['case']:<44} {name:<24} {med:>10.3f} {mn:>8.3f} {rate:>14} {speed:>11}")
-        ok = r["rel_err"] <= 2e-2
+        tol = r["tolerance"]
+        ok = r["errors"]["ours"] <= tol
         bad |= not ok
-        print(f"{'':<44} agreement: max|ours-theirs|/max|theirs| = {r['rel_err']:.2e}"
-              f"{'' if ok else '  DISAGREES'}")
+        errs = ", ".join(f"{name} {e:.2e}{'' if e <= tol else ' (beyond)'}"
+                         for name, e in r["errors"].items())
+        print(f"{'':<44} vs float64 (tolerance {tol:g}): {errs}"
+              f"{'' if ok else '  OURS WRONG'}")
     if args.json:
         with open(args.json, "a") as f:
             f.write(json.dumps({"torch": torch.__version__, "backend": be.name,

@@ -59,11 +59,13 @@ def test_torch_wrap_and_refusals(be: pa.Backend) -> None:
                    torch.zeros((1, 2, 64)), torch.zeros((1, 2, 64)))
 
 
-def test_bench_compare_torch_cpu_agrees() -> None:
-    """bench/compare_torch_cpu.py on small shapes: it runs through this binding, and exits 1
-    when our decode (bf16 and fp8 caches) or prefill disagrees with torch's attention (or,
-    where IPEX is installed, with its paged kernels)."""
+def test_bench_compare_torch_cpu_meets_float64() -> None:
+    """bench/compare_torch_cpu.py on small shapes: it runs through this binding, judges every
+    contender against its own float64 reference, prints each one's error, and exits 1 when ours
+    (bf16 and fp8 caches, prefill) exceeds the library's tolerance. A peer's error is printed,
+    never used as the oracle (torch 1.13's bf16 path is beyond bf16 tolerance on some CPUs)."""
     import os
+    import re
     import subprocess
     import sys
 
@@ -77,4 +79,7 @@ def test_bench_compare_torch_cpu_agrees() -> None:
     cases = 3 if hasattr(torch, "float8_e4m3fn") else 2  # fp8: skipped, and said so, on torch < 2.1
     if "ipex cases skipped" not in r.stdout:  # IPEX installed for this torch: its 3 cases too
         cases += 3
-    assert r.stdout.count("agreement:") == cases and "DISAGREES" not in r.stdout, r.stdout
+    judged = re.findall(r"vs float64 \(tolerance ([0-9.e-]+)\): ours ([0-9.e+-]+|inf)", r.stdout)
+    assert len(judged) == cases and "OURS WRONG" not in r.stdout, r.stdout
+    for tol, err in judged:
+        assert float(err) <= float(tol), r.stdout
