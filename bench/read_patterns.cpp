@@ -1,6 +1,6 @@
 // pagedattn-read-patterns: how fast can this machine read a paged KV cache at all? No attention,
 // only reads, in the orders and with the prefetching a decode kernel could use. It answers
-// whether a decode shortfall is the kernel's or the access pattern's (bench/RESULTS.md).
+// whether a decode shortfall is the kernel's or the access pattern's (docs/perf.md).
 //
 // K and V pools of 32 KiB blocks (one NHD block: 16 slots x 8 KV heads x 128 bf16), block ids
 // shuffled within each thread's share; tiles of two blocks, K then V, as the decode reads them.
@@ -178,10 +178,12 @@ PA_BENCH_WIDE_LOADS float read_share(const char* K, const char* V, const int* id
       for (int kv = 0; kv < 2; ++kv) {
         const char* base = kv ? V : K;
         if (kv_turns) {  // the next tile's K and V, four blocks in turn over this tile's K and V
-          if (kv == 0) {
+          if (kv == 0 && more) {
             const char* nxt[4] = {K + (size_t)id(t + ahead) * kBlock, K + (size_t)id(t + ahead + 1) * kBlock,
                                   V + (size_t)id(t + ahead) * kBlock, V + (size_t)id(t + ahead + 1) * kBlock};
-            s.start(nxt, more ? 4 : 0);
+            s.start(nxt, 4);
+          } else if (kv == 0) {
+            s.n = 0;  // the last tile: no next tile's ids to read
           }
         } else if (pf && more) {
           const char* nxt[2] = {base + (size_t)id(t + ahead) * kBlock,
