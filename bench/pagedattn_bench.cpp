@@ -1,6 +1,6 @@
 // pagedattn-bench: times one operation of a pagedattn backend and judges it against the machine's
 // ceilings measured in the same run (read bandwidth, oneDNN sgemm) and against a naive baseline
-// (gather the blocks, then plain attention). See bench/RESULTS.md for recorded runs.
+// (gather the blocks, then plain attention). docs/perf.md keeps the current figures.
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -708,6 +708,11 @@ int main(int argc, char** argv) {
   // The floors: bytes over the measured bandwidth, FLOPs over the measured sgemm rate.
   const double t_bytes = bw.bytes_per_s > 0 ? bytes / bw.bytes_per_s : 0;
   const double t_flops = gemm.flops_per_s > 0 && flops > 0 ? flops / gemm.flops_per_s : 0;
+  // The roofline: the larger floor over the time, so a compute-bound shape (a wide GQA group in
+  // float32 FMAs) is judged against its real floor rather than the bandwidth alone.
+  const double t_roof = std::max(t_bytes, t_flops);
+  const double roof_ratio = t_roof > 0 ? t_roof / med : 0;
+  const double roof_ratio_best = t_roof > 0 ? t_roof / st.min : 0;
 
   std::fprintf(txt, "  time: median %.3f ms  [min %.3f, p25 %.3f, p75 %.3f, max %.3f] over %d"
                " iters (%d warm-up)\n", med * 1e3, st.min * 1e3, st.p25 * 1e3, st.p75 * 1e3,
@@ -718,8 +723,9 @@ int main(int argc, char** argv) {
   } else {
     std::fprintf(txt, "  floors: bytes/bandwidth %.3f ms, flops/sgemm %.3f ms -> %s-bound;"
                  " median is %.2fx the larger floor\n", t_bytes * 1e3, t_flops * 1e3,
-                 t_bytes >= t_flops ? "memory" : "compute",
-                 std::max(t_bytes, t_flops) > 0 ? med / std::max(t_bytes, t_flops) : 0.0);
+                 t_bytes >= t_flops ? "memory" : "compute", t_roof > 0 ? med / t_roof : 0.0);
+    std::fprintf(txt, "  roofline: %.1f%% (max(bytes/bandwidth, flops/sgemm) / median; fastest"
+                 " iteration %.1f%%)\n", 100 * roof_ratio, 100 * roof_ratio_best);
     std::fprintf(txt, "  bytes: %s per call -> %.2f GB/s = %.1f%% of read bandwidth\n",
                  fmt_bytes(bytes).c_str(), bps / 1e9, 100 * bw_ratio);
   }
@@ -745,7 +751,7 @@ int main(int argc, char** argv) {
                  " %.2fx\n", bst.median * 1e3, bst.min * 1e3, bst.max * 1e3, bst.n, speedup);
   else std::fprintf(txt, "  naive baseline: not run\n");
   // The baseline computes in float32 from the cache's values: the library may differ by the
-  // output dtype's rounding (and bf16 weights on AVX3_BF16), never by more than SPEC's tolerance.
+  // output dtype's rounding (and bf16 weights on AVX3_BF16), never by more than the tolerance of docs/semantics.md.
   const bool fp8_cache = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
   const double agree_tol = fp8_cache ? 6e-2
                            : dt == PAGEDATTN_DTYPE_BFLOAT16 ? 2e-2
@@ -780,7 +786,8 @@ int main(int argc, char** argv) {
         "\"iters\":%d,\"warmup\":%d,\"median_s\":%.9g,\"min_s\":%.9g,\"p25_s\":%.9g,"
         "\"p75_s\":%.9g,\"max_s\":%.9g,\"bytes\":%.6g,\"bytes_per_s\":%.6g,\"flops\":%.6g,"
         "\"flop_formula\":\"%s\",\"flops_per_s\":%.6g,\"read_bw\":%.6g,\"sgemm_flops\":%.6g,"
-        "\"bf16_gemm_flops\":%.6g,\"bw_ratio\":%.4f,\"gemm_ratio\":%.4f,"
+        "\"bf16_gemm_flops\":%.6g,\"bw_ratio\":%.4f,\"gemm_ratio\":%.4f,\"roofline_ratio\":%.4f,"
+        "\"roofline_ratio_best\":%.4f,"
         "\"floor_bytes_s\":%.6g,\"floor_flops_s\":%.6g,\"tokens_per_s\":%.6g,"
         "\"baseline_median_s\":%.9g,\"baseline_iters\":%d,\"speedup\":%.4f,"
         "\"max_rel_diff_vs_baseline\":%.3g,\"llc_bytes\":%zu,\"bw_ratio_best\":%.4f,"
@@ -792,7 +799,7 @@ int main(int argc, char** argv) {
         o.context, o.query, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt), o.layout.c_str(),
         L, o.iters, o.warmup, med, st.min, st.p25, st.p75, st.max, bytes, bps, flops,
         flop_formula.c_str(), fps, bw.bytes_per_s, gemm.flops_per_s, bgemm.flops_per_s,
-        bw_ratio, gemm_ratio, t_bytes, t_flops, tps, bst.median, bst.n, speedup, max_rel_err,
+        bw_ratio, gemm_ratio, roof_ratio, roof_ratio_best, t_bytes, t_flops, tps, bst.median, bst.n, speedup, max_rel_err,
         llc, bw_ratio_best, gemm_ratio_best, cpu_share, paged.bytes_per_s, paged_ratio,
         getenv("PAGEDATTN_CPU_TARGET") ? getenv("PAGEDATTN_CPU_TARGET") : "default", o.scaling,
         s_lib.median, s_core.median, s_stream.median, s_paged.median, stats_of(sc_t1).median,

@@ -10,8 +10,9 @@ import sys
 def main(path):
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
     print("| mode | backend | thr | heads / kv | B x ctx / q | cache | layout | median ms [min, max] "
-          "| GB/s (% bw, % plain block read) | GFLOP/s (% sgemm) | vs naive | tokens/s | cpu share |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| GB/s (% bw, % plain block read) | GFLOP/s (% sgemm) | roofline | vs naive | tokens/s "
+          "| cpu share |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         q = 1 if r["mode"] == "decode" else r["query"]
         shape = "%d x %d / %d" % (r["batch"], r["context"], q)
@@ -24,13 +25,15 @@ def main(path):
             fl = "%.1f" % (r["flops_per_s"] / 1e9)
             if r["sgemm_flops"]:
                 fl += " (%.0f%%)" % (100 * r["gemm_ratio"])
+        roof = "%.0f%%" % (100 * r["roofline_ratio"]) if r.get("roofline_ratio") else "-"
         sp = "%.1fx" % r["speedup"] if r["baseline_iters"] > 0 else "-"
         backend = r["backend"]
         if r.get("cpu_target", "default") != "default":
             backend += " (%s)" % r["cpu_target"]
-        print("| %s | %s | %d | %d / %d | %s | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %.0f | %.0f%% |" % (
+        print("| %s | %s | %d | %d / %d | %s | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %s | %.0f "
+              "| %.0f%% |" % (
             r["mode"], backend, r["threads"], r["heads"], r["kv_heads"], shape, r["cache_dtype"], r["layout"],
-            r["median_s"] * 1e3, r["min_s"] * 1e3, r["max_s"] * 1e3, bw, fl, sp,
+            r["median_s"] * 1e3, r["min_s"] * 1e3, r["max_s"] * 1e3, bw, fl, roof, sp,
             r["tokens_per_s"], 100 * r.get("cpu_share", 0)))
     for r in rows:
         if r.get("scaling_rounds", 0) > 0:
