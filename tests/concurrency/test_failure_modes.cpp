@@ -477,7 +477,7 @@ TEST(FailureModes, TensorStrideOverflowRefused) {
 
 // Regression: a size-1 dimension's stride is never multiplied by a non-zero index, so callers
 // (DLPack producers) may leave any value there and validation accepts it; the CPU decode path
-// still formed stride x element size (kernels/cpu/attention.cpp TileSpans: UBSan "signed integer
+// still formed stride x element size (kernels/cpu/prefetch-inl.h TileSpans: UBSan "signed integer
 // overflow"). Found by tests/fuzz (fuzz_forward). lib/validate.cpp now gives such dimensions the
 // compact stride: the call runs and gives the compact call's bits.
 TEST(FailureModes, SizeOneDimensionHugeStride) {
