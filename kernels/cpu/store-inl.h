@@ -1,6 +1,6 @@
 // kernels/cpu/store-inl.h — cache stores (reshape-and-cache): float32, float16 or bf16 rows to the
-// cache dtype, bit for bit what store_elem (convert.h) gives. StoreCacheRow is the per-target body
-// of store_cache_row.
+// cache dtype, bit for bit what store_elem (convert.h) gives; entry-inl.h's StoreCacheRow is the
+// per-target entry point that runs it.
 //
 // Included by attention.cpp alone, once per Highway target: hence the toggled include guard, as in
 // Highway's own -inl.h files.
@@ -172,11 +172,6 @@ HWY_INLINE void store_cache_row(void* dst, pagedattn_dtype ddt, const void* src,
       break;
   }
   for (; i < n; ++i) store_elem(dst, i, ddt, load_elem(src, i, sdt, 1.0f), scale);
-}
-
-void StoreCacheRow(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dtype sdt, int n,
-                   float scale) {
-  store_cache_row(dst, ddt, src, sdt, n, scale);
 }
 
 }  // namespace HWY_NAMESPACE

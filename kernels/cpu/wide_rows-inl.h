@@ -202,6 +202,8 @@ HWY_INLINE hn::Vec<DF> wide_new_max(Scratch* sc, size_t o, hn::Vec<DF> mt) {
   return msafe;
 }
 
+// Defined only in the unit that compiles this target's entry points (entry-inl.h), its caller.
+#if HWY_TARGET == PA_CPU_UNIT
 void AttentionItemWide(const AttnItem& it, Scratch* sc) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
@@ -297,6 +299,7 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
     }
   }
 }
+#endif  // HWY_TARGET == PA_CPU_UNIT
 
 }  // namespace HWY_NAMESPACE
 }  // namespace pa_cpu
