@@ -2,7 +2,7 @@
 
 #include <omp.h>
 
-#include "cpu/spin.h"
+#include "kernels/runtime/spin.h"
 
 namespace pa_onednn {
 

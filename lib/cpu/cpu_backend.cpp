@@ -16,7 +16,7 @@
 #include "kernels/cpu/kernels.h"
 #include "cpu_backend.h"
 #include "plugin_abi.h"
-#include "thread_pool.h"
+#include "kernels/runtime/thread_pool.h"
 
 namespace pa_cpu {
 namespace {
