@@ -27,7 +27,7 @@
 
 #include "../cpu/convert.h"
 #include "../cpu/kernels.h"
-#include "cpu/cpu_backend.h"
+#include "kernels/cpu/backend.h"
 #include "onednn_internal.h"
 #include "pool.h"
 

@@ -13,8 +13,8 @@
 #include <new>
 #include <thread>
 
-#include "kernels/cpu/kernels.h"
-#include "cpu_backend.h"
+#include "kernels.h"
+#include "backend.h"
 #include "plugin_abi.h"
 #include "kernels/runtime/thread_pool.h"
 
