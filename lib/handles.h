@@ -1,8 +1,8 @@
 /* lib/handles.h — what the opaque public handles are inside: a backend (ops table + state +
  * reference count), a KV cache (geometry + resolved pa_cache) and a planned batch. Each starts
  * with a magic number checked on every use (after a look-up in the set of live handles) and
- * cleared on destroy. Caches and batches hold a
- * reference on their backend so out-of-order destruction never frees a backend still in use. */
+ * cleared on destroy. Caches and batches hold a reference on their backend so out-of-order
+ * destruction never frees a backend still in use. The functions below are in handles.cpp. */
 #ifndef PAGEDATTN_LIB_HANDLES_H
 #define PAGEDATTN_LIB_HANDLES_H
 
