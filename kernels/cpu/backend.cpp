@@ -1,7 +1,6 @@
 // lib/cpu/cpu_backend.cpp — the built-in CPU backend: its op table (pa_cpu_backend_ops), state,
 // memory, planning and the work split of a forward. The core validated every argument already;
 // nothing here throws across the table (every op catches).
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,7 @@
 #include "kernels.h"
 #include "backend.h"
 #include "plugin_abi.h"
+#include "kernels/runtime/spin.h"
 #include "kernels/runtime/thread_pool.h"
 
 namespace pa_cpu {
@@ -27,7 +27,7 @@ constexpr size_t kHugeMin = size_t{4} << 20;
 
 struct Backend {
   Target target;
-  ThreadPool* pool;
+  pa_runtime::ThreadPool* pool;
   uint64_t memory_limit;        // 0 = unlimited
   std::atomic<uint64_t> own_used{0};
   // Bytes of caches and workspaces allocated here, counted against memory_limit: own_used, or
@@ -338,7 +338,7 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
       return PAGEDATTN_ERROR_INTERNAL;
     }
     std::lock_guard<std::mutex> lock(plan->mu);
-    ThreadPool& pool = *b->pool;
+    pa_runtime::ThreadPool& pool = *b->pool;
     const uint32_t ti = b->target.index;
 
     // 1. The step's K/V into the cache.
@@ -474,30 +474,6 @@ pagedattn_status probe(int32_t device_index, char* msg) {
   return PAGEDATTN_OK;
 }
 
-// How long idle workers (and a caller waiting for them) spin before they sleep: 100 us covers the
-// gap between back-to-back calls (one per layer), and is what an idle backend burns after a call.
-constexpr int kDefaultSpinUs = 100;
-
-}  // namespace
-
-bool spin_us_from_env(int* us, char* msg) {
-  *us = kDefaultSpinUs;
-  const char* env = getenv("PAGEDATTN_CPU_SPIN_US");
-  if (env == nullptr) return true;
-  char* end = nullptr;
-  errno = 0;
-  const long v = strtol(env, &end, 10);
-  if (env[0] < '0' || env[0] > '9' || *end != '\0' || errno != 0 || v > 1000000) {
-    snprintf(msg, PA_MSG_LEN, "PAGEDATTN_CPU_SPIN_US=%.64s is not a whole number of"
-             " microseconds in 0..1000000", env);
-    return false;
-  }
-  *us = static_cast<int>(v);
-  return true;
-}
-
-namespace {
-
 pagedattn_status create_with(void** state, const pagedattn_backend_options* opts,
                              std::atomic<uint64_t>* shared_used, char* msg) {
   try {
@@ -507,7 +483,7 @@ pagedattn_status create_with(void** state, const pagedattn_backend_options* opts
       return PAGEDATTN_ERROR_UNSUPPORTED;
     if (!prefetch_select(&target, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     int spin_us = 0;
-    if (!spin_us_from_env(&spin_us, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
+    if (!pa_runtime::spin_us_from_env(&spin_us, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     int n = opts->num_threads;
     if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
     if (n <= 0) n = 1;
@@ -520,7 +496,7 @@ pagedattn_status create_with(void** state, const pagedattn_backend_options* opts
     b->memory_limit = opts->memory_limit;
     if (shared_used != nullptr) b->used = shared_used;
     try {
-      b->pool = new ThreadPool(n, spin_us);
+      b->pool = new pa_runtime::ThreadPool(n, spin_us);
     } catch (...) {
       delete b;
       snprintf(msg, PA_MSG_LEN, "cpu: could not start %d worker threads", n);

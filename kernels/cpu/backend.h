@@ -19,11 +19,6 @@ namespace pa_cpu {
 pagedattn_status create_embedded(void** state, const pagedattn_backend_options* opts,
                                  std::atomic<uint64_t>* shared_used, char* msg);
 
-// The workers' spin before sleeping, in microseconds: PAGEDATTN_CPU_SPIN_US, or the default
-// (100) when unset. False, with msg set, when the variable is not a whole number in 0..1000000
-// (the create ops then fail with PAGEDATTN_ERROR_INVALID_ARGUMENT).
-bool spin_us_from_env(int* us, char* msg);
-
 }  // namespace pa_cpu
 
 #endif  // PAGEDATTN_LIB_CPU_CPU_BACKEND_H_

@@ -28,6 +28,7 @@
 #include "../cpu/convert.h"
 #include "../cpu/kernels.h"
 #include "kernels/cpu/backend.h"
+#include "kernels/runtime/spin.h"
 #include "onednn_internal.h"
 #include "pool.h"
 
@@ -361,7 +362,7 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     b->eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
     b->bf16 = native_bf16(b->eng);
     int spin_us = 0;
-    if (!pa_cpu::spin_us_from_env(&spin_us, msg)) {
+    if (!pa_runtime::spin_us_from_env(&spin_us, msg)) {
       delete b;
       return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     }

@@ -32,7 +32,7 @@ void Pool::loop(int index) {
       return stop_.load(std::memory_order_relaxed) ||
              gen_.load(std::memory_order_acquire) != seen;
     };
-    pa_cpu::spin_until(spin_ns_, ready);
+    pa_runtime::spin_until(spin_ns_, ready);
     std::unique_lock<std::mutex> lock(mu_);
     if (!ready()) {
       ++sleepers_;

@@ -1,9 +1,9 @@
-// lib/cpu/thread_pool.cpp — see thread_pool.h.
+// kernels/runtime/thread_pool.cpp — see thread_pool.h.
 #include "thread_pool.h"
 
 #include "spin.h"
 
-namespace pa_cpu {
+namespace pa_runtime {
 
 ThreadPool::ThreadPool(int size, int spin_us)
     : size_(size < 1 ? 1 : size), spin_ns_(spin_us > 0 ? int64_t{spin_us} * 1000 : 0) {
@@ -90,4 +90,4 @@ void ThreadPool::run(int64_t n, Fn fn, const void* ctx) {
   done_cv_.wait(lk, done);
 }
 
-}  // namespace pa_cpu
+}  // namespace pa_runtime

@@ -1,4 +1,4 @@
-/* lib/cpu/thread_pool.h — the CPU backend's persistent worker pool.
+/* kernels/runtime/thread_pool.h — the CPU backend's persistent worker pool.
  *
  * parallel_for(n, f) runs f(i, worker) for every i in [0, n) on the calling thread (worker 0) and
  * the pool's threads (workers 1..size-1), dynamically scheduled one index at a time, and returns
@@ -9,8 +9,8 @@
  * waiting for the workers: waking a sleeping thread costs a system call and, in a virtual machine,
  * a wake-up of the idle virtual CPU (a decode call of 33 us took 100 us on 2 threads of a KVM
  * guest). Back-to-back calls (one per layer) then find the workers awake. */
-#ifndef PAGEDATTN_LIB_CPU_THREAD_POOL_H
-#define PAGEDATTN_LIB_CPU_THREAD_POOL_H
+#ifndef PAGEDATTN_KERNELS_RUNTIME_THREAD_POOL_H
+#define PAGEDATTN_KERNELS_RUNTIME_THREAD_POOL_H
 
 #include <stdint.h>
 
@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-namespace pa_cpu {
+namespace pa_runtime {
 
 class ThreadPool {
  public:
@@ -60,6 +60,6 @@ class ThreadPool {
   std::atomic<int64_t> next_{0};
 };
 
-}  // namespace pa_cpu
+}  // namespace pa_runtime
 
-#endif  // PAGEDATTN_LIB_CPU_THREAD_POOL_H
+#endif  // PAGEDATTN_KERNELS_RUNTIME_THREAD_POOL_H
