@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,73 +14,28 @@
 #include "kernels.h"
 #include "backend.h"
 #include "plugin_abi.h"
+#include "kernels/runtime/host_alloc.h"
 #include "kernels/runtime/spin.h"
 #include "kernels/runtime/thread_pool.h"
 
 namespace pa_cpu {
 namespace {
 
-constexpr size_t kAlign = 64;
-constexpr size_t kHugePage = size_t{2} << 20;
-constexpr size_t kHugeMin = size_t{4} << 20;
+constexpr size_t kAlign = 64;  // slack at the end of a batch workspace
 
 struct Backend {
   Target target;
   pa_runtime::ThreadPool* pool;
   uint64_t memory_limit;        // 0 = unlimited
   std::atomic<uint64_t> own_used{0};
-  // Bytes of caches and workspaces allocated here, counted against memory_limit: own_used, or
-  // the counter of a backend that embeds this one (create_embedded) so one limit covers both.
+  // Bytes of caches and workspaces allocated here (pa_runtime::host_alloc), counted against
+  // memory_limit: own_used, or the counter of a backend that embeds this one (create_embedded)
+  // so one limit covers both.
   std::atomic<uint64_t>* used = &own_used;
 };
 
 void set_msg(char* msg, const char* text) {
   if (msg != nullptr) snprintf(msg, PA_MSG_LEN, "%s", text);
-}
-
-// 64-byte aligned, zeroed; the size is kept in front of the block for accounting.
-void* raw_alloc(Backend* b, size_t bytes, char* msg, const char* what) {
-  const size_t total = bytes + kAlign;
-  if (total < bytes) {
-    snprintf(msg, PA_MSG_LEN, "%s: %zu bytes overflow", what, bytes);
-    return nullptr;
-  }
-  if (b->memory_limit != 0) {
-    const uint64_t now = b->used->fetch_add(total) + total;
-    if (now > b->memory_limit) {
-      b->used->fetch_sub(total);
-      snprintf(msg, PA_MSG_LEN,
-               "%s: %zu bytes would exceed the backend's memory_limit of %llu bytes "
-               "(%llu in use)",
-               what, bytes, static_cast<unsigned long long>(b->memory_limit),
-               static_cast<unsigned long long>(now - total));
-      return nullptr;
-    }
-  } else {
-    b->used->fetch_add(total);
-  }
-  void* p = nullptr;
-  // Large blocks (caches) on 2 MiB boundaries with transparent huge pages requested: paged
-  // attention reads scattered blocks, and 4 KiB pages would miss the TLB on nearly every block.
-  const bool huge = total >= kHugeMin;
-  if (posix_memalign(&p, huge ? kHugePage : kAlign, total) != 0 || p == nullptr) {
-    b->used->fetch_sub(total);
-    snprintf(msg, PA_MSG_LEN, "%s: could not allocate %zu bytes of host memory", what, bytes);
-    return nullptr;
-  }
-#ifdef MADV_HUGEPAGE
-  if (huge) madvise(p, total / kHugePage * kHugePage, MADV_HUGEPAGE);  // advice only
-#endif
-  memset(p, 0, total);
-  *static_cast<size_t*>(p) = total;
-  return static_cast<char*>(p) + kAlign;
-}
-
-void raw_free(Backend* b, void* ptr) {
-  if (ptr == nullptr) return;
-  char* base = static_cast<char*>(ptr) - kAlign;
-  b->used->fetch_sub(*reinterpret_cast<size_t*>(base));
-  free(base);
 }
 
 // ---- plan ----
@@ -124,7 +78,8 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
     const size_t bytes = sizeof(Scratch) * static_cast<size_t>(p->nworkers) +
                          sizeof(float) * p->part_floats + 3 * sizeof(int64_t) * seqs +
                          sizeof(int32_t) * seqs + kAlign;
-    p->block = raw_alloc(b, bytes, msg, "cpu: batch workspace");
+    p->block =
+        pa_runtime::host_alloc(b->used, b->memory_limit, bytes, msg, "cpu: batch workspace");
     if (p->block == nullptr) {
       delete p;
       return PAGEDATTN_ERROR_OUT_OF_MEMORY;
@@ -152,7 +107,7 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
 void free_batch(void* state, pa_batch* batch) {
   auto* p = static_cast<Plan*>(batch->backend_data);
   if (p == nullptr) return;
-  raw_free(static_cast<Backend*>(state), p->block);
+  pa_runtime::host_free(static_cast<Backend*>(state)->used, p->block);
   delete p;
   batch->backend_data = nullptr;
 }
@@ -545,13 +500,16 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
 }
 
 pagedattn_status alloc(void* state, size_t bytes, int32_t /*host*/, void** ptr, char* msg) {
-  void* p = raw_alloc(static_cast<Backend*>(state), bytes, msg, "cpu: cache memory");
+  auto* b = static_cast<Backend*>(state);
+  void* p = pa_runtime::host_alloc(b->used, b->memory_limit, bytes, msg, "cpu: cache memory");
   if (p == nullptr) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
   *ptr = p;
   return PAGEDATTN_OK;
 }
 
-void free_mem(void* state, void* ptr, int32_t /*host*/) { raw_free(static_cast<Backend*>(state), ptr); }
+void free_mem(void* state, void* ptr, int32_t /*host*/) {
+  pa_runtime::host_free(static_cast<Backend*>(state)->used, ptr);
+}
 
 pagedattn_status cache_write(void* state, const pa_write_args* args, char* msg) {
   auto* b = static_cast<Backend*>(state);

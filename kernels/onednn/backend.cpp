@@ -28,6 +28,7 @@
 #include "../cpu/convert.h"
 #include "../cpu/kernels.h"
 #include "kernels/cpu/backend.h"
+#include "kernels/runtime/host_alloc.h"
 #include "kernels/runtime/spin.h"
 #include "onednn_internal.h"
 #include "pool.h"
@@ -41,7 +42,6 @@ constexpr int kMaxM = 256;    // query rows (tokens x heads of a GQA group) per 
 constexpr int kTK = 128;      // keys per oneDNN tile (at most; short sequences use fewer)
 constexpr int kMinTile = 16;  // smallest M and TK: tiles are powers of two from here
 constexpr int kMaxD = pa_cpu::kMaxHeadSize;
-constexpr size_t kAlign = 64;
 
 void set_msg(char* msg, const char* fmt, const char* a = "", const char* b = "") {
   if (msg != nullptr) snprintf(msg, PA_MSG_LEN, fmt, a, b);
@@ -98,40 +98,6 @@ struct BatchWork {
   void* cpu_plan = nullptr;        // the embedded CPU backend's plan of the same batch
   std::vector<void*> blocks;       // aligned allocations to free
 };
-
-void* raw_alloc(Backend* b, size_t bytes, char* msg, const char* what) {
-  const size_t total = bytes + kAlign;
-  if (total < bytes) {
-    if (msg) snprintf(msg, PA_MSG_LEN, "%s: %zu bytes overflow", what, bytes);
-    return nullptr;
-  }
-  const uint64_t now = b->used.fetch_add(total) + total;
-  if (b->memory_limit != 0 && now > b->memory_limit) {
-    b->used.fetch_sub(total);
-    if (msg)
-      snprintf(msg, PA_MSG_LEN, "%s: %zu bytes would exceed the backend's memory_limit of %llu "
-               "bytes (%llu in use)", what, bytes, (unsigned long long)b->memory_limit,
-               (unsigned long long)(now - total));
-    return nullptr;
-  }
-  void* p = nullptr;
-  if (posix_memalign(&p, kAlign, total) != 0 || p == nullptr) {
-    b->used.fetch_sub(total);
-    if (msg) snprintf(msg, PA_MSG_LEN, "%s: could not allocate %zu bytes of host memory", what,
-                      bytes);
-    return nullptr;
-  }
-  memset(p, 0, total);
-  *static_cast<size_t*>(p) = total;
-  return static_cast<char*>(p) + kAlign;
-}
-
-void raw_free(Backend* b, void* ptr) {
-  if (ptr == nullptr) return;
-  char* base = static_cast<char*>(ptr) - kAlign;
-  b->used.fetch_sub(*reinterpret_cast<size_t*>(base));
-  free(base);
-}
 
 // ---- oneDNN tile kernels ----
 
@@ -462,7 +428,7 @@ void free_work(Backend* b, BatchWork* w) {
     view.backend_data = w->cpu_plan;
     pa_cpu_backend_ops()->free_batch(b->cpu, &view);
   }
-  for (void* p : w->blocks) raw_free(b, p);
+  for (void* p : w->blocks) pa_runtime::host_free(&b->used, p);
   delete w;
 }
 
@@ -494,7 +460,8 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
     for (auto& wk : w->workers) {
       void* p[6];
       for (int i = 0; i < 6; ++i) {
-        p[i] = raw_alloc(b, sizes[i], msg, "onednn: batch workspace");
+        p[i] = pa_runtime::host_alloc(&b->used, b->memory_limit, sizes[i], msg,
+                                      "onednn: batch workspace");
         if (p[i] == nullptr) {
           free_work(b, w);
           return PAGEDATTN_ERROR_OUT_OF_MEMORY;
