@@ -1,6 +1,7 @@
-// lib/cpu/cpu_backend.cpp — the built-in CPU backend: its op table (pa_cpu_backend_ops), state,
-// memory, planning and the work split of a forward. The core validated every argument already;
-// nothing here throws across the table (every op catches).
+// kernels/cpu/backend.cpp — the built-in CPU backend: its op table (pa_cpu_backend_ops), state,
+// memory and batch workspace, and each op's run over the workers (a forward's work split is in
+// schedule.cpp). The core validated every argument already; nothing here throws across the
+// table (every op catches).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "kernels.h"
 #include "backend.h"
 #include "plugin_abi.h"
+#include "schedule.h"
 #include "kernels/runtime/host_alloc.h"
 #include "kernels/runtime/spin.h"
 #include "kernels/runtime/thread_pool.h"
@@ -40,25 +42,16 @@ void set_msg(char* msg, const char* text) {
 
 // ---- plan ----
 
-// What one forward splits into; recomputed per call (it depends on heads and head size, which
-// the batch does not know) into arrays allocated at plan time.
+// A batch's workspace: the workers' scratch and the arrays of the schedule of each forward,
+// which is recomputed per call (it depends on heads and head size, which the batch does not know).
 struct Plan {
   std::mutex mu;  // concurrent forwards on one batch take turns (see batch.h)
   int nworkers = 0;
   Scratch* scratch = nullptr;   // [nworkers]
-  float* parts = nullptr;       // split-KV partial states
-  size_t part_floats = 0;
   int32_t cap_seqs = 0;
-  int64_t* item_prefix = nullptr;  // [cap_seqs + 1] work items before sequence i
-  int64_t* base_prefix = nullptr;  // [cap_seqs + 1] the same without the splits
-  int32_t* splits = nullptr;       // [cap_seqs]
-  int64_t* part_off = nullptr;     // [cap_seqs] first float of the sequence's partials, or -1
-  void* block = nullptr;           // the one allocation holding all of the above
+  Schedule sched{};             // its arrays for cap_seqs sequences
+  void* block = nullptr;        // the one allocation holding all of the above
 };
-
-// Floats of partial state per split-KV part (acc, m, l for kMaxRows rows of up to 256 dims).
-constexpr size_t kPartFloats = static_cast<size_t>(kMaxRows) * (kMaxHeadSize + 2);
-constexpr size_t kMaxParts = (size_t{8} << 20) / (sizeof(float) * kPartFloats);
 
 pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, char* msg) {
   auto* b = static_cast<Backend*>(state);
@@ -73,10 +66,11 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
     p->cap_seqs = std::max(batch->cap_num_seqs, batch->num_seqs);
     // Room for 16 split parts per worker (splitting only happens when items are few), at most
     // 8 MiB; a forward that needs more splits than fit uses fewer.
-    p->part_floats = std::min(static_cast<size_t>(p->nworkers) * 16, kMaxParts) * kPartFloats;
+    Schedule& sc = p->sched;
+    sc.part_floats = std::min(static_cast<size_t>(p->nworkers) * 16, kMaxParts) * kPartFloats;
     const size_t seqs = static_cast<size_t>(p->cap_seqs) + 1;
     const size_t bytes = sizeof(Scratch) * static_cast<size_t>(p->nworkers) +
-                         sizeof(float) * p->part_floats + 3 * sizeof(int64_t) * seqs +
+                         sizeof(float) * sc.part_floats + 3 * sizeof(int64_t) * seqs +
                          sizeof(int32_t) * seqs + kAlign;
     p->block =
         pa_runtime::host_alloc(b->used, b->memory_limit, bytes, msg, "cpu: batch workspace");
@@ -87,15 +81,15 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
     char* c = static_cast<char*>(p->block);
     p->scratch = reinterpret_cast<Scratch*>(c);
     c += sizeof(Scratch) * static_cast<size_t>(p->nworkers);
-    p->parts = reinterpret_cast<float*>(c);
-    c += sizeof(float) * p->part_floats;
-    p->item_prefix = reinterpret_cast<int64_t*>(c);
+    sc.parts = reinterpret_cast<float*>(c);
+    c += sizeof(float) * sc.part_floats;
+    sc.item_prefix = reinterpret_cast<int64_t*>(c);
     c += sizeof(int64_t) * seqs;
-    p->base_prefix = reinterpret_cast<int64_t*>(c);
+    sc.base_prefix = reinterpret_cast<int64_t*>(c);
     c += sizeof(int64_t) * seqs;
-    p->part_off = reinterpret_cast<int64_t*>(c);
+    sc.part_off = reinterpret_cast<int64_t*>(c);
     c += sizeof(int64_t) * seqs;
-    p->splits = reinterpret_cast<int32_t*>(c);
+    sc.splits = reinterpret_cast<int32_t*>(c);
     batch->backend_data = p;
     return PAGEDATTN_OK;
   } catch (...) {
@@ -119,168 +113,6 @@ int64_t write_chunk(int64_t n, int workers) {
 }
 
 // ---- forward ----
-
-// How one sequence's rows are cut: heads per item and tokens per item; decode sequences (one
-// token) may instead take kv_per_item whole KV heads per item.
-struct Shape {
-  int32_t group, heads_per_item, head_chunks, tokens_per_item, kv_per_item;
-};
-
-void seq_item(const pa_forward_args& a, int32_t i, AttnItem* it);
-
-Shape shape_of(const Backend* b, const pa_forward_args& a) {
-  Shape s;
-  s.group = a.num_heads / a.num_kv_heads;
-  s.heads_per_item = std::min(s.group, kMaxRows);
-  s.head_chunks = (s.group + s.heads_per_item - 1) / s.heads_per_item;
-  s.tokens_per_item = std::max(1, kMaxRows / s.heads_per_item);
-  s.kv_per_item = 1;
-  // Decode items that take several KV heads read whole runs of a block instead of one head's
-  // scattered rows, which the memory system serves far faster: whole slot rows of an NHD cache
-  // (heads contiguous), or whole blocks of any layout when one item takes every KV head. Only
-  // where the kernels read several heads at once.
-  const pa_batch& bt = *a.batch;
-  const bool nhd = a.cache != nullptr && a.cache->head_stride == a.head_size &&
-                   a.cache->slot_stride == static_cast<int64_t>(a.num_kv_heads) * a.head_size;
-  const bool all_heads_fit = static_cast<int64_t>(a.num_kv_heads) * s.group <= kMaxRows;
-  if (a.num_kv_heads > 1 && a.cache != nullptr && s.group <= kMaxRows &&
-      (a.attention_type == PAGEDATTN_ATTENTION_DECODER ||
-       a.attention_type == PAGEDATTN_ATTENTION_CROSS) &&
-      (nhd || all_heads_fit)) {
-    for (int32_t i = 0; i < bt.num_seqs; ++i) {
-      if (bt.query_lens[i] != 1) continue;
-      AttnItem proto;
-      seq_item(a, i, &proto);
-      proto.tok0 = 0;
-      proto.tok1 = 1;
-      proto.kv_head = 0;
-      proto.kv_heads = std::min(a.num_kv_heads, kMaxRows / s.group);
-      proto.h0 = 0;
-      proto.h1 = proto.kv_heads * s.group;
-      if (multi_head_decode_ok(b->target, proto)) s.kv_per_item = proto.kv_heads;
-      break;
-    }
-  }
-  return s;
-}
-
-// Base items (no split) of sequence i with qlen query tokens.
-int64_t base_items_of(const pa_forward_args& a, const Shape& sh, int32_t qlen) {
-  if (qlen == 1 && sh.kv_per_item > 1)
-    return (a.num_kv_heads + sh.kv_per_item - 1) / sh.kv_per_item;
-  const int64_t tiles = (qlen + sh.tokens_per_item - 1) / sh.tokens_per_item;
-  return tiles * a.num_kv_heads * sh.head_chunks;
-}
-
-int64_t keys_of(const pa_forward_args& a, int32_t i) {
-  const pa_batch& bt = *a.batch;
-  switch (a.attention_type) {
-    case PAGEDATTN_ATTENTION_CROSS: return bt.encoder_lens[i];
-    case PAGEDATTN_ATTENTION_ENCODER:
-    case PAGEDATTN_ATTENTION_ENCODER_ONLY: return bt.query_lens[i];
-    default: return static_cast<int64_t>(bt.context_lens[i]) + bt.query_lens[i];
-  }
-}
-
-// Fills the sequence-level fields of an item (everything but tokens, heads and keys).
-void seq_item(const pa_forward_args& a, int32_t i, AttnItem* it) {
-  const pa_batch& bt = *a.batch;
-  it->q = a.q.data;
-  it->out = a.out.data;
-  it->dtype = a.q.dtype;
-  it->q_row_stride = a.q.row_stride;
-  it->q_head_stride = a.q.head_stride;
-  it->out_row_stride = a.out.row_stride;
-  it->out_head_stride = a.out.head_stride;
-  it->lse = a.lse.data;
-  it->lse_row_stride = a.lse.row_stride;
-  it->lse_head_stride = a.lse.head_stride;
-  it->head_size = a.head_size;
-  it->window = a.sliding_window;
-  it->num_keys = keys_of(a, i);
-  it->scale = a.scale;
-  it->soft_cap = a.soft_cap;
-  it->alibi = a.alibi_slopes;
-  it->part_acc = it->part_m = it->part_l = nullptr;
-  KVSource& s = it->kv;
-  s.k_scale = s.v_scale = 1.0f;
-  if (a.attention_type == PAGEDATTN_ATTENTION_ENCODER ||
-      a.attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY) {
-    it->causal = 0;
-    it->pos_offset = 0;
-    s.k = a.k.data;
-    s.v = a.v.data;
-    s.dtype = a.k.dtype;
-    s.block_stride = a.k.row_stride;
-    s.slot_stride = 0;
-    s.head_stride = a.k.head_stride;
-    s.v_block_stride = a.v.row_stride;
-    s.v_slot_stride = 0;
-    s.v_head_stride = a.v.head_stride;
-    s.table = nullptr;
-    s.block_size = 1;
-    s.row0 = bt.query_start[i];
-    return;
-  }
-  const pa_cache& c = *a.cache;
-  s.k = c.k_layers[a.layer];
-  s.v = c.v_layers[a.layer];
-  s.dtype = c.dtype;
-  s.block_stride = s.v_block_stride = c.block_stride;
-  s.slot_stride = s.v_slot_stride = c.slot_stride;
-  s.head_stride = s.v_head_stride = c.head_stride;
-  s.row0 = 0;
-  if (c.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c.dtype == PAGEDATTN_DTYPE_FP8_E5M2) {
-    s.k_scale = a.k_scale;
-    s.v_scale = a.v_scale;
-  }
-  if (a.attention_type == PAGEDATTN_ATTENTION_CROSS) {
-    it->causal = 0;
-    it->pos_offset = 0;
-    s.table = bt.cross_tables + static_cast<int64_t>(i) * bt.cross_table_stride;
-    s.block_size = bt.cross_block_size;
-  } else {
-    it->causal = 1;
-    it->pos_offset = bt.context_lens[i];
-    s.table = bt.block_tables + static_cast<int64_t>(i) * bt.table_stride;
-    s.block_size = bt.block_size;
-  }
-}
-
-// Decomposes a base item (no split) of sequence i into tokens, heads and kv head.
-void place_item(const pa_forward_args& a, const Shape& sh, int32_t i, int64_t local,
-                AttnItem* it) {
-  const int32_t qlen = a.batch->query_lens[i];
-  it->kv_heads = 1;
-  if (qlen == 1 && sh.kv_per_item > 1) {
-    const int32_t kv0 = static_cast<int32_t>(local) * sh.kv_per_item;
-    it->kv_head = kv0;
-    it->kv_heads = std::min(sh.kv_per_item, a.num_kv_heads - kv0);
-    it->tok0 = 0;
-    it->tok1 = 1;
-    it->q_row0 = a.batch->query_start[i];
-    it->h0 = kv0 * sh.group;
-    it->h1 = (kv0 + it->kv_heads) * sh.group;
-    return;
-  }
-  const int64_t tiles = (qlen + sh.tokens_per_item - 1) / sh.tokens_per_item;
-  const int64_t tile = local % tiles;
-  const int64_t rest = local / tiles;
-  const int32_t hc = static_cast<int32_t>(rest % sh.head_chunks);
-  const int32_t kvh = static_cast<int32_t>(rest / sh.head_chunks);
-  it->tok0 = static_cast<int32_t>(tile * sh.tokens_per_item);
-  it->tok1 = std::min<int32_t>(qlen, it->tok0 + sh.tokens_per_item);
-  it->q_row0 = a.batch->query_start[i] + it->tok0;
-  it->kv_head = kvh;
-  it->h0 = kvh * sh.group + hc * sh.heads_per_item;
-  it->h1 = std::min(it->h0 + sh.heads_per_item, (kvh + 1) * sh.group);
-}
-
-int32_t seq_of(const int64_t* prefix, int32_t n, int64_t item) {
-  // Last i with prefix[i] <= item (prefix is non-decreasing; idle sequences add nothing).
-  const int64_t* p = std::upper_bound(prefix, prefix + n + 1, item);
-  return static_cast<int32_t>(p - prefix) - 1;
-}
 
 pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
   auto* b = static_cast<Backend*>(state);
@@ -325,90 +157,25 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
     if (bt.num_tokens == 0) return PAGEDATTN_OK;
 
     // 2. Work split: base items per sequence, then split-KV when there are too few of them.
-    const Shape sh = shape_of(b, a);
-    const int32_t ns = bt.num_seqs;
-    plan->base_prefix[0] = 0;
-    int64_t max_keys = 0;
-    for (int32_t i = 0; i < ns; ++i) {
-      const int32_t q = bt.query_lens[i];
-      plan->base_prefix[i + 1] = plan->base_prefix[i] + base_items_of(a, sh, q);
-      if (q > 0) max_keys = std::max(max_keys, keys_of(a, i));
-    }
-    const int64_t base_items = plan->base_prefix[ns];
-    const int64_t workers = pool.size();
-    int32_t want = 1;
-    if (workers > 1 && base_items > 0 && base_items < 4 * workers && max_keys >= 512) {
-      want = static_cast<int32_t>(std::min<int64_t>(kMaxSplits, (8 * workers + base_items - 1) /
-                                                                    base_items));
-    }
-    const size_t part_stride = kPartFloats;
-    for (;;) {
-      size_t parts = 0;
-      for (int32_t i = 0; i < ns; ++i) {
-        int32_t s = 1;
-        if (want > 1 && bt.query_lens[i] > 0) {
-          s = static_cast<int32_t>(std::min<int64_t>(want, (keys_of(a, i) + 255) / 256));
-          s = std::max(s, 1);
-        }
-        plan->splits[i] = s;
-        plan->part_off[i] = -1;
-        if (s > 1) {
-          plan->part_off[i] = static_cast<int64_t>(parts * part_stride);
-          parts += static_cast<size_t>(plan->base_prefix[i + 1] - plan->base_prefix[i]) *
-                   static_cast<size_t>(s);
-        }
-      }
-      if (parts * part_stride <= plan->part_floats || want == 1) break;
-      want /= 2;  // not enough workspace: fewer splits
-    }
-    plan->item_prefix[0] = 0;
-    for (int32_t i = 0; i < ns; ++i) {
-      plan->item_prefix[i + 1] =
-          plan->item_prefix[i] + (plan->base_prefix[i + 1] - plan->base_prefix[i]) * plan->splits[i];
-    }
+    Schedule& sc = plan->sched;
+    schedule_forward(b->target, a, pool.size(), &sc);
 
     // 3. The items.
-    pool.parallel_for(plan->item_prefix[ns], [&](int64_t item, int worker) {
-      const int32_t i = seq_of(plan->item_prefix, ns, item);
-      const int32_t s = plan->splits[i];
-      const int64_t local = item - plan->item_prefix[i];
-      const int64_t base = local / s;
-      const int32_t split = static_cast<int32_t>(local % s);
+    pool.parallel_for(sc.items, [&](int64_t item, int worker) {
       AttnItem it;
-      seq_item(a, i, &it);
-      place_item(a, sh, i, base, &it);
-      it.key0 = 0;
-      it.key1 = it.num_keys;
-      if (s > 1) {
-        const int64_t chunk = ((it.num_keys + s - 1) / s + 15) / 16 * 16;
-        it.key0 = std::min<int64_t>(it.num_keys, split * chunk);
-        it.key1 = std::min<int64_t>(it.num_keys, it.key0 + chunk);
-        float* part = plan->parts + plan->part_off[i] + static_cast<size_t>(local) * part_stride;
-        it.out = nullptr;
-        it.part_acc = part;
-        it.part_m = part + static_cast<size_t>(kMaxRows) * kMaxHeadSize;
-        it.part_l = it.part_m + kMaxRows;
-      }
+      work_item(a, sc, item, &it);
       attention_item(b->target, it, &plan->scratch[worker]);
     });
 
     // 4. Merge the split parts.
-    bool any_split = false;
-    for (int32_t i = 0; i < ns; ++i) any_split = any_split || plan->splits[i] > 1;
-    if (any_split) {
-      pool.parallel_for(base_items, [&](int64_t item, int) {
-        const int32_t i = seq_of(plan->base_prefix, ns, item);
-        const int32_t s = plan->splits[i];
-        if (s <= 1) return;
-        const int64_t base = item - plan->base_prefix[i];
+    if (sc.any_split) {
+      pool.parallel_for(sc.base_items, [&](int64_t item, int) {
         AttnItem it;
-        seq_item(a, i, &it);
-        place_item(a, sh, i, base, &it);
-        const float* part = plan->parts + plan->part_off[i] +
-                            static_cast<size_t>(base) * s * part_stride;
-        const float* m = part + static_cast<size_t>(kMaxRows) * kMaxHeadSize;
-        attention_merge_parts(ti, it, s, part, static_cast<int64_t>(part_stride), m,
-                              m + kMaxRows, static_cast<int64_t>(part_stride));
+        SplitParts parts;
+        merge_item(a, sc, item, &it, &parts);
+        if (parts.n <= 1) return;
+        attention_merge_parts(ti, it, parts.n, parts.acc, parts.stride, parts.m, parts.l,
+                              parts.stride);
       });
     }
     return PAGEDATTN_OK;
