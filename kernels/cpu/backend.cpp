@@ -196,14 +196,22 @@ pagedattn_status probe(int32_t device_index, char* msg) {
   return PAGEDATTN_OK;
 }
 
+// The target of a backend created now, and the status a create op fails with (see
+// choose_target in backend.h).
+pagedattn_status select_target(Target* target, char* msg) {
+  // Forces the SIMD target of this backend only (see targets.cpp).
+  if (!target_select(getenv("PAGEDATTN_CPU_TARGET"), target, msg))
+    return PAGEDATTN_ERROR_UNSUPPORTED;
+  if (!prefetch_select(target, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
+  return PAGEDATTN_OK;
+}
+
 pagedattn_status create_with(void** state, const pagedattn_backend_options* opts,
                              std::atomic<uint64_t>* shared_used, char* msg) {
   try {
     Target target;
-    // Forces the SIMD target of this backend only (see kernels/cpu/targets.cpp).
-    if (!target_select(getenv("PAGEDATTN_CPU_TARGET"), &target, msg))
-      return PAGEDATTN_ERROR_UNSUPPORTED;
-    if (!prefetch_select(&target, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
+    const pagedattn_status target_st = select_target(&target, msg);
+    if (target_st != PAGEDATTN_OK) return target_st;
     int spin_us = 0;
     if (!pa_runtime::spin_us_from_env(&spin_us, msg)) return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     int n = opts->num_threads;
@@ -406,6 +414,15 @@ const pa_backend_ops kOps = {
 pagedattn_status create_embedded(void** state, const pagedattn_backend_options* opts,
                                  std::atomic<uint64_t>* shared_used, char* msg) {
   return create_with(state, opts, shared_used, msg);
+}
+
+pagedattn_status choose_target(TargetChoice* out, char* msg) {
+  Target target;
+  const pagedattn_status st = select_target(&target, msg);
+  if (st != PAGEDATTN_OK) return st;
+  out->index = target.index;
+  out->bf16_dp = target.bf16_dp;
+  return PAGEDATTN_OK;
 }
 
 }  // namespace pa_cpu

@@ -1,4 +1,4 @@
-// kernels/onednn/plugin.cpp — libpagedattn-onednn.so, the "onednn" backend.
+// kernels/onednn/backend.cpp — libpagedattn-onednn.so, the "onednn" backend.
 //
 // Prefill and chunked prefill (query_len >= a threshold) run as tiled flash attention whose two
 // products are oneDNN matmul primitives: S = Q K^T on a (query tile x GQA group) x key tile, the
@@ -6,9 +6,10 @@
 // post-op. bf16 operands (f32 accumulate) where the CPU has native bf16 and the inputs are bf16,
 // f32 otherwise. Rows of shorter sequences (decode, short chunks), and whole steps over an fp8
 // cache where the CPU kernels have bf16 dot products, go to an embedded CPU backend
-// (lib/cpu), so they are planned and split exactly as on `cpu`; cache writes, copies and merges
-// reuse the CPU kernels (kernels/cpu). Threads: our own pool (pool.h), each worker running
-// primitives single-threaded, and the embedded backend's pool (both sleep when idle).
+// (kernels/cpu/backend.h), so they are planned and split exactly as on `cpu`; caches, cache
+// writes, copies and merges are that backend's ops. Which rows go where, and the tile items, are
+// in schedule.cpp. Threads: our own pool (pool.h), each worker running primitives
+// single-threaded, and the embedded backend's pool (both sleep when idle).
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,23 +26,19 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include "../cpu/convert.h"
-#include "../cpu/kernels.h"
 #include "kernels/cpu/backend.h"
+#include "kernels/cpu/convert.h"
 #include "kernels/runtime/host_alloc.h"
 #include "kernels/runtime/spin.h"
 #include "onednn_internal.h"
+#include "plugin_abi.h"
 #include "pool.h"
+#include "schedule.h"
 
 #define PA_ONEDNN_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace pa_onednn {
 namespace {
-
-constexpr int kMaxM = 256;    // query rows (tokens x heads of a GQA group) per oneDNN tile
-constexpr int kTK = 128;      // keys per oneDNN tile (at most; short sequences use fewer)
-constexpr int kMinTile = 16;  // smallest M and TK: tiles are powers of two from here
-constexpr int kMaxD = pa_cpu::kMaxHeadSize;
 
 void set_msg(char* msg, const char* fmt, const char* a = "", const char* b = "") {
   if (msg != nullptr) snprintf(msg, PA_MSG_LEN, fmt, a, b);
@@ -77,7 +74,7 @@ struct Worker {
 };
 
 struct Backend {
-  pa_cpu::Target target;
+  pa_cpu::TargetChoice target;  // the embedded backend's, whose tables softmax_tile shares
   int threads = 1;
   Pool* pool = nullptr;
   bool bf16 = false;       // native bf16 matmul available
@@ -179,7 +176,7 @@ void load_operand(const void* src, pagedattn_dtype dt, float scale, void* dst, b
   }
 }
 
-const void* kv_addr(const pa_cpu::KVSource& s, bool value, int64_t pos, int32_t kv_head) {
+const void* kv_addr(const KeySource& s, bool value, int64_t pos, int32_t kv_head) {
   const void* base = value ? s.v : s.k;
   int64_t off;
   if (s.table != nullptr) {
@@ -201,7 +198,7 @@ int pow2_at_least(int64_t n, int lo, int hi) {
 
 // One work item through oneDNN: the item's (token, head) rows padded to M rows (a power of two,
 // so short prefills do not pay for a full 256-row tile), keys in tiles of TK.
-void tile_item(Backend* be, Worker& w, const pa_cpu::AttnItem& it, bool bf16) {
+void tile_item(Backend* be, Worker& w, const TileItem& it, bool bf16) {
   const int D = it.head_size;
   const int nh = it.h1 - it.h0, ntok = it.tok1 - it.tok0, rows = nh * ntok;
   const int M = pow2_at_least(rows, kMinTile, kMaxM);
@@ -313,13 +310,10 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
   Backend* b = nullptr;
   try {
     b = new Backend;
-    if (!pa_cpu::target_select(getenv("PAGEDATTN_CPU_TARGET"), &b->target, msg)) {
+    const pagedattn_status target_st = pa_cpu::choose_target(&b->target, msg);
+    if (target_st != PAGEDATTN_OK) {
       delete b;
-      return PAGEDATTN_ERROR_UNSUPPORTED;
-    }
-    if (!pa_cpu::prefetch_select(&b->target, msg)) {
-      delete b;
-      return PAGEDATTN_ERROR_INVALID_ARGUMENT;
+      return target_st;
     }
     b->threads = opts->num_threads > 0 ? opts->num_threads : omp_get_num_procs();
     b->memory_limit = opts->memory_limit;
@@ -495,40 +489,12 @@ void free_batch(void* state, pa_batch* batch) {
   batch->backend_data = nullptr;
 }
 
-// How sequence s splits into oneDNN tile items (none when its rows go to the CPU backend).
-struct SeqSplit {
-  int hc;   // heads per item
-  int nhc;  // head chunks per KV head
-  int tq;   // tokens per item
-  int nt;   // token tiles
-};
-
-bool fp8_cache(const pa_cache* c) {
-  return c != nullptr &&
-         (c->dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c->dtype == PAGEDATTN_DTYPE_FP8_E5M2);
-}
-
-SeqSplit split_of(const Backend* b, int ql, int G, int Hkv, int64_t* items) {
-  SeqSplit s;
-  s.hc = std::min(G, kMaxM);
-  s.nhc = (G + s.hc - 1) / s.hc;
-  s.tq = std::max(1, kMaxM / s.hc);
-  s.nt = ql >= b->min_query ? (ql + s.tq - 1) / s.tq : 0;
-  *items = static_cast<int64_t>(s.nt) * Hkv * s.nhc;
-  return s;
-}
-
 pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   auto* b = static_cast<Backend*>(state);
   const pa_batch& bt = *a->batch;
   auto* w = static_cast<BatchWork*>(bt.backend_data);
   const pa_backend_ops* cpu = pa_cpu_backend_ops();
-  // An fp8 cache where the CPU kernels have the bf16 dot products: they convert fp8 in registers
-  // and ran 1.2-2.1x faster than these tiles at 64-2048 tokens (D 128), level within the noise
-  // at 16, and 1.0-1.7x at D 80-112 (RESULTS.md, "Rule for auto"), so such steps run there
-  // whole, as decode steps do.
-  const bool fp8_on_cpu = fp8_cache(a->cache) && b->target.bf16_dp;
-  if (bt.max_query_len < b->min_query || fp8_on_cpu) {
+  if (step_on_cpu(*a, b->min_query, b->target.bf16_dp)) {
     // No oneDNN rows (decode, short chunks, fp8 caches above): the whole step, cache write
     // included, on the embedded CPU backend, which takes its own plan's lock.
     pa_batch view = bt;
@@ -539,8 +505,6 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   }
   std::lock_guard<std::mutex> lock(w->mu);
   const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
-  const bool encoder = a->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
-                       a->attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
 
   // 1. The step's new K/V into the cache (self slots, or the cross slots of the encoder rows).
   if (a->write_kv && a->k.data != nullptr && a->cache != nullptr) {
@@ -564,13 +528,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
 
   // 2. The sequences below min_query (a mixed step's decodes) on the embedded CPU backend: the
   // same batch with the oneDNN sequences' query_lens zeroed (they get no items there).
-  bool any_short = false;
-  for (int s = 0; s < bt.num_seqs; ++s) {
-    const int32_t ql = bt.query_lens[s];
-    w->short_lens[static_cast<size_t>(s)] = ql < b->min_query ? ql : 0;
-    any_short = any_short || (ql > 0 && ql < b->min_query);
-  }
-  if (any_short) {
+  if (short_rows(bt, b->min_query, w->short_lens.data())) {
     pa_batch view = bt;
     view.backend_data = w->cpu_plan;
     view.query_lens = w->short_lens.data();
@@ -582,101 +540,16 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     if (st != PAGEDATTN_OK) return st;
   }
 
-  // 3. oneDNN tile items: prefix sums over sequences.
-  const int H = a->num_heads, Hkv = a->num_kv_heads, G = H / Hkv;
-  int64_t total = 0;
-  for (int s = 0; s < bt.num_seqs; ++s) {
-    int64_t items;
-    split_of(b, bt.query_lens[s], G, Hkv, &items);
-    w->prefix[s] = total;
-    total += items;
-  }
-  w->prefix[bt.num_seqs] = total;
-  const pa_cache* c = a->cache;
-  const bool fp8 = fp8_cache(c);
+  // 3. The oneDNN tile items of the other sequences.
+  const int64_t total = count_tile_items(*a, b->min_query, w->prefix.data());
   const bool bf16 = b->bf16 && a->q.dtype == PAGEDATTN_DTYPE_BFLOAT16;
   std::atomic<int> failed{0};
   std::string err;
-
-  // Work item i (in sequence order) as an AttnItem.
-  auto make_item = [&](int64_t i, pa_cpu::AttnItem& it) {
-    const int s = static_cast<int>(
-        std::upper_bound(w->prefix.begin(), w->prefix.begin() + bt.num_seqs + 1, i) -
-        w->prefix.begin() - 1);
-    const int ql = bt.query_lens[s];
-    int64_t items;
-    const SeqSplit sp = split_of(b, ql, G, Hkv, &items);
-    int64_t j = i - w->prefix[s];
-    // Largest token tiles (most keys under the causal mask) first.
-    const int tile = sp.nt - 1 - static_cast<int>(j / (static_cast<int64_t>(Hkv) * sp.nhc));
-    j %= static_cast<int64_t>(Hkv) * sp.nhc;
-    const int kvh = static_cast<int>(j / sp.nhc), hchunk = static_cast<int>(j % sp.nhc);
-
-    memset(&it, 0, sizeof it);
-    it.q = a->q.data;
-    it.out = a->out.data;
-    it.dtype = a->q.dtype;
-    it.q_row_stride = a->q.row_stride;
-    it.q_head_stride = a->q.head_stride;
-    it.out_row_stride = a->out.row_stride;
-    it.out_head_stride = a->out.head_stride;
-    it.lse = a->lse.data;
-    it.lse_row_stride = a->lse.row_stride;
-    it.lse_head_stride = a->lse.head_stride;
-    it.tok0 = tile * sp.tq;
-    it.tok1 = std::min(ql, it.tok0 + sp.tq);
-    it.q_row0 = bt.query_start[s] + it.tok0;
-    it.kv_head = kvh;
-    it.h0 = kvh * G + hchunk * sp.hc;
-    it.h1 = std::min(kvh * G + G, it.h0 + sp.hc);
-    it.head_size = a->head_size;
-    it.scale = a->scale;
-    it.soft_cap = a->soft_cap;
-    it.alibi = a->alibi_slopes;
-    it.window = a->sliding_window;
-    pa_cpu::KVSource& kv = it.kv;
-    kv.k_scale = fp8 ? a->k_scale : 1.0f;
-    kv.v_scale = fp8 ? a->v_scale : 1.0f;
-    if (encoder) {
-      it.causal = 0;
-      it.num_keys = ql;
-      kv.k = a->k.data;
-      kv.v = a->v.data;
-      kv.dtype = a->k.dtype;
-      kv.block_stride = a->k.row_stride;
-      kv.head_stride = a->k.head_stride;
-      kv.v_block_stride = a->v.row_stride;
-      kv.v_head_stride = a->v.head_stride;
-      kv.row0 = bt.query_start[s];
-      kv.k_scale = kv.v_scale = 1.0f;
-    } else {
-      kv.k = c->k_layers[a->layer];
-      kv.v = c->v_layers[a->layer];
-      kv.dtype = c->dtype;
-      kv.block_stride = c->block_stride;
-      kv.slot_stride = c->slot_stride;
-      kv.head_stride = c->head_stride;
-      kv.block_size = c->block_size;
-      if (cross) {
-        it.causal = 0;
-        it.num_keys = bt.encoder_lens[s];
-        kv.table = bt.cross_tables + static_cast<int64_t>(s) * bt.cross_table_stride;
-      } else {
-        it.causal = 1;
-        it.pos_offset = bt.context_lens[s];
-        it.num_keys = static_cast<int64_t>(bt.context_lens[s]) + ql;
-        kv.table = bt.block_tables + static_cast<int64_t>(s) * bt.table_stride;
-      }
-    }
-    it.key0 = 0;
-    it.key1 = it.num_keys;
-  };
-
   b->pool->run(total, [&](int worker, int64_t i) {
     if (failed.load(std::memory_order_relaxed)) return;
     Worker& wk = w->workers[static_cast<size_t>(worker)];
-    pa_cpu::AttnItem it;
-    make_item(i, it);
+    TileItem it;
+    tile_item_at(*a, b->min_query, w->prefix.data(), i, &it);
     try {
       tile_item(b, wk, it, bf16);
     } catch (const std::exception& e) {

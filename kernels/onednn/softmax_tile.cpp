@@ -1,13 +1,13 @@
 // kernels/onednn/softmax_tile.cpp — the plugin's own code between the two oneDNN matmuls: masked
 // online softmax over a score tile, and the final normalisation. Highway, one instantiation per
-// SIMD target, indexed like the CPU kernels' tables (pa_cpu::Target::index).
+// SIMD target, indexed like the CPU kernels' tables (pa_cpu::TargetChoice::index).
 #include <math.h>
 #include <string.h>
 
 #include <algorithm>
 #include <limits>
 
-#include "../cpu/convert.h"
+#include "kernels/cpu/convert.h"
 #include "onednn_internal.h"
 
 #undef HWY_TARGET_INCLUDE
