@@ -201,8 +201,33 @@ typedef struct pa_backend_ops {
 typedef uint32_t (*pa_plugin_abi_version_fn)(void);
 typedef const pa_backend_ops* (*pa_plugin_ops_fn)(void);
 
-/* The built-in CPU backend (lib/cpu_backend.cpp). */
+/* The op table of the built-in CPU backend (kernels/cpu/backend.cpp), which the registry links
+ * in; an embedding backend (the onednn plugin) calls it too. */
 const pa_backend_ops* pa_cpu_backend_ops(void);
+
+/* Write-then-attend: the cache write a forward makes before it attends, built from the forward
+ * for every backend alike. The step's k/v rows go to the batch's slots, or for cross attention
+ * the encoder rows to its cross slots (host int64 arrays, -1 = skip a row). Fills every field of
+ * *w (slots_on_device 0) and returns 1 when the write is due: write_kv is set, there is a cache
+ * (every type but ENCODER_ONLY has one), the step has k rows (the core leaves k.data NULL when it
+ * has none) and at least one slot. Returns 0 when there is nothing to write. A GPU backend takes
+ * the guard and the tensors from here and the slots from its own device copy of the batch. */
+static inline int pa_forward_write_args(const pa_forward_args* a, pa_write_args* w) {
+  const pa_batch* bt = a->batch;
+  const int cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
+  w->cache = a->cache;
+  w->layer = a->layer;
+  w->k = a->k;
+  w->v = a->v;
+  w->slots = cross ? bt->cross_slot_mapping : bt->slot_mapping;
+  w->slots_int64 = 1;
+  w->slots_on_device = 0;
+  w->n = cross ? bt->num_encoder_tokens : bt->num_tokens;
+  w->k_scale = a->k_scale;
+  w->v_scale = a->v_scale;
+  w->stream = a->stream;
+  return a->write_kv && a->cache != NULL && a->k.data != NULL && w->n > 0 && w->slots != NULL;
+}
 
 #ifdef __cplusplus
 } /* extern "C" */

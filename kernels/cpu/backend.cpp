@@ -129,30 +129,12 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
     const uint32_t ti = b->target.index;
 
     // 1. The step's K/V into the cache.
-    if (a.write_kv && a.cache != nullptr && a.attention_type != PAGEDATTN_ATTENTION_ENCODER_ONLY) {
-      pa_write_args w;
-      w.cache = a.cache;
-      w.layer = a.layer;
-      w.k = a.k;
-      w.v = a.v;
-      w.slots_int64 = 1;
-      w.slots_on_device = 0;
-      w.k_scale = a.k_scale;
-      w.v_scale = a.v_scale;
-      w.stream = a.stream;
-      if (a.attention_type == PAGEDATTN_ATTENTION_CROSS) {
-        w.slots = bt.cross_slot_mapping;
-        w.n = bt.num_encoder_tokens;
-      } else {
-        w.slots = bt.slot_mapping;
-        w.n = bt.num_tokens;
-      }
-      if (w.n > 0 && w.slots != nullptr) {
-        const int64_t chunk = write_chunk(w.n, pool.size());
-        pool.parallel_for((w.n + chunk - 1) / chunk, [&](int64_t c, int) {
-          cache_write_rows(ti, w, c * chunk, std::min(w.n, (c + 1) * chunk));
-        });
-      }
+    pa_write_args w;
+    if (pa_forward_write_args(&a, &w)) {
+      const int64_t chunk = write_chunk(w.n, pool.size());
+      pool.parallel_for((w.n + chunk - 1) / chunk, [&](int64_t c, int) {
+        cache_write_rows(ti, w, c * chunk, std::min(w.n, (c + 1) * chunk));
+      });
     }
     if (bt.num_tokens == 0) return PAGEDATTN_OK;
 

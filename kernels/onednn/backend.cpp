@@ -504,26 +504,12 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     return renamed(cpu->forward(b->cpu, &args, msg), msg);
   }
   std::lock_guard<std::mutex> lock(w->mu);
-  const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
 
   // 1. The step's new K/V into the cache (self slots, or the cross slots of the encoder rows).
-  if (a->write_kv && a->k.data != nullptr && a->cache != nullptr) {
-    pa_write_args wa;
-    memset(&wa, 0, sizeof wa);
-    wa.cache = a->cache;
-    wa.layer = a->layer;
-    wa.k = a->k;
-    wa.v = a->v;
-    wa.slots = cross ? static_cast<const void*>(bt.cross_slot_mapping)
-                     : static_cast<const void*>(bt.slot_mapping);
-    wa.slots_int64 = 1;
-    wa.n = cross ? bt.num_encoder_tokens : bt.num_tokens;
-    wa.k_scale = a->k_scale;
-    wa.v_scale = a->v_scale;
-    if (wa.n > 0 && wa.slots != nullptr) {
-      const pagedattn_status st = cache_write(state, &wa, msg);
-      if (st != PAGEDATTN_OK) return st;
-    }
+  pa_write_args wa;
+  if (pa_forward_write_args(a, &wa)) {
+    const pagedattn_status st = cache_write(state, &wa, msg);
+    if (st != PAGEDATTN_OK) return st;
   }
 
   // 2. The sequences below min_query (a mixed step's decodes) on the embedded CPU backend: the
