@@ -129,9 +129,11 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_create(pagedattn_backend** out,
     if (o.flags != 0)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->flags = 0x%x, must be 0", o.flags);
     if (std::strcmp(name, "auto") == 0) {
-      /* First that creates successfully of cuda, hip, onednn, cpu. onednn runs decode with the
-       * cpu kernels and prefill through oneDNN matmuls, which bench/RESULTS.md measured faster
-       * than cpu for every chunk of 16+ tokens and equal below, so it wins whenever it loads. */
+      /* First that creates successfully of cuda, hip, onednn, cpu. onednn runs decode and short
+       * chunks with the cpu kernels, so those are the same code, and longer chunks through
+       * oneDNN matmuls. docs/perf.md ("Rule for `auto` on CPU") measured those faster than cpu
+       * on a Xeon with AMX and on Zen 4 from 32 to 128 tokens; on Zen 4 the two are level at 512
+       * tokens and cpu is slightly faster at 2048. onednn is taken whenever it loads. */
       static const int32_t order[] = {2, 3, 1, 0};
       std::string reasons;
       for (int32_t idx : order) {
