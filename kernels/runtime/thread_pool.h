@@ -31,8 +31,10 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
+  /* Workers, the caller included: the `worker` argument of f is in [0, size()). */
   int size() const { return size_; }
 
+  /* Runs f(i, worker) for every i in [0, n) and returns when all are done (see above). */
   template <class F>
   void parallel_for(int64_t n, const F& f) {
     run(n, [](const void* ctx, int64_t i, int w) { (*static_cast<const F*>(ctx))(i, w); }, &f);
