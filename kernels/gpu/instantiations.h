@@ -3,7 +3,7 @@
 // Every file that instantiates or dispatches a kernel expands these X-macros and names no size or
 // type of its own: the attention launchers and their dispatch (attention.cuh, cache_ops.cu), the
 // cache-write, split-merge and merge_states dispatch (cache_ops.cu), and the capabilities the
-// plugin reports (plugin.cu). Adding an entry here adds it everywhere; a query dtype also needs
+// plugin reports (backend.cu). Adding an entry here adds it everywhere; a query dtype also needs
 // its translation unit attention_<name>.cu (listed in meson.build), or the link fails naming it.
 //
 // Each X-macro passes its trailing arguments through to X, so one list can be expanded with

@@ -1,0 +1,166 @@
+// schedule.cu — the GPU backend's work split (see schedule.h).
+#include "schedule.h"
+
+#include <string.h>
+
+#include <algorithm>
+
+namespace pagedattn_gpu {
+
+namespace {
+
+// Reserves `bytes` at *cur and moves *cur past them, to the next 256-byte boundary.
+size_t take(size_t* cur, size_t bytes) {
+  const size_t off = *cur;
+  *cur = (off + bytes + 255) & ~static_cast<size_t>(255);
+  return off;
+}
+
+// ceil(a / b); 0 when b <= 0.
+int64_t cdiv(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
+
+}  // namespace
+
+void plan_layout(Plan* pl, const pa_batch* b, int sm_count) {
+  pl->cap_seqs = std::max(b->cap_num_seqs, b->num_seqs);
+  pl->cap_tokens = std::max(b->cap_num_tokens, b->num_tokens);
+  pl->cap_enc = std::max(b->cap_num_encoder_tokens, b->num_encoder_tokens);
+  pl->cap_seq_len = std::max(b->cap_seq_len, b->max_seq_len);
+  pl->tab_stride = b->block_size > 0
+                       ? static_cast<int32_t>(std::max<int64_t>(b->cap_blocks_per_seq,
+                                                                cdiv(pl->cap_seq_len, b->block_size)))
+                       : 0;
+  if (!b->block_tables) pl->tab_stride = 0;
+  pl->xtab_stride = (b->encoder_lens && b->cross_block_size > 0)
+                        ? static_cast<int32_t>(cdiv(pl->cap_seq_len, b->cross_block_size))
+                        : 0;
+  // Split-KV: only when the sequences alone leave most of the GPU idle (assume 8 CTAs of
+  // heads per sequence); partitions are multiples of 256 keys.
+  const int64_t base = static_cast<int64_t>(pl->cap_seqs) * 8;
+  const int64_t want = 2 * static_cast<int64_t>(sm_count);
+  int64_t splits = 1;
+  if (base < want && pl->cap_seq_len > 512)
+    splits = std::min<int64_t>({cdiv(want, std::max<int64_t>(base, 1)), cdiv(pl->cap_seq_len, 256), 32});
+  int64_t max_splits = 1;
+  if (splits > 1) {
+    pl->part_len = static_cast<int32_t>(cdiv(cdiv(pl->cap_seq_len, splits), 256) * 256);
+    max_splits = cdiv(pl->cap_seq_len, pl->part_len);
+}
+pl->cap_dsplit = static_cast<int32_t>(pl->cap_seqs * max_splits);
+for (int j = 0; j < 3; ++j)
+  pl->cap_pre[j] = static_cast<int32_t>(cdiv(pl->cap_tokens, kPrefillTiles[j]) + pl->cap_seqs);
+size_t cur = 0;
+const size_t ns = static_cast<size_t>(pl->cap_seqs);
+pl->o_qlen = take(&cur, ns * 4);
+pl->o_ctx = take(&cur, ns * 4);
+pl->o_qstart = take(&cur, (ns + 1) * 4);
+pl->o_enc = take(&cur, ns * 4);
+pl->o_tab = take(&cur, ns * static_cast<size_t>(pl->tab_stride) * 4);
+pl->o_xtab = take(&cur, ns * static_cast<size_t>(pl->xtab_stride) * 4);
+pl->o_slots = take(&cur, static_cast<size_t>(pl->cap_tokens) * 8);
+pl->o_xslots = take(&cur, static_cast<size_t>(pl->cap_enc) * 8);
+pl->o_counts = take(&cur, kNumCounts * 4);
+pl->o_dsplit = take(&cur, static_cast<size_t>(pl->cap_dsplit) * sizeof(WorkItem));
+pl->o_dwhole = take(&cur, ns * sizeof(WorkItem));
+pl->o_merge = take(&cur, ns * sizeof(MergeItem));
+for (int j = 0; j < 3; ++j) pl->o_pre[j] = take(&cur, static_cast<size_t>(pl->cap_pre[j]) * sizeof(WorkItem));
+pl->meta_bytes = cur;
+if (pl->part_len > 0) {
+  pl->o_part = take(&cur, static_cast<size_t>(pl->cap_dsplit) * kPartFloats * 4);
+  pl->o_plse = take(&cur, static_cast<size_t>(pl->cap_dsplit) * kPartHeads * 4);
+}
+pl->dev_bytes = cur;
+}
+
+pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
+  std::fill(pl->host.begin(), pl->host.end(), 0);
+  int32_t* qlen = pl->h<int32_t>(pl->o_qlen);
+  int32_t* ctx = pl->h<int32_t>(pl->o_ctx);
+  int32_t* qst = pl->h<int32_t>(pl->o_qstart);
+  int32_t* enc = pl->h<int32_t>(pl->o_enc);
+  int32_t* tab = pl->h<int32_t>(pl->o_tab);
+  int32_t* xtab = pl->h<int32_t>(pl->o_xtab);
+  int32_t* counts = pl->h<int32_t>(pl->o_counts);
+  WorkItem* dsplit = pl->h<WorkItem>(pl->o_dsplit);
+  WorkItem* dwhole = pl->h<WorkItem>(pl->o_dwhole);
+  MergeItem* merge = pl->h<MergeItem>(pl->o_merge);
+  const int32_t kAll = 0x7fffffff;
+  int32_t nsplit = 0, nwhole = 0, nmerge = 0, npart = 0, npre[3] = {0, 0, 0};
+  for (int32_t i = 0; i < b->num_seqs; ++i) {
+    const int32_t q = b->query_lens[i], c = b->context_lens[i];
+    const int32_t e = b->encoder_lens ? b->encoder_lens[i] : 0;
+    qlen[i] = q;
+    ctx[i] = c;
+    enc[i] = e;
+    if (b->block_tables && b->block_size > 0) {
+      const int64_t need = cdiv(static_cast<int64_t>(c) + q, b->block_size);
+      if (need > pl->tab_stride) {
+        set_msg(msg, "sequence %d needs %lld blocks, the batch was planned for %d", i,
+                static_cast<long long>(need), pl->tab_stride);
+        return PAGEDATTN_ERROR_CAPACITY;
+      }
+      memcpy(tab + static_cast<int64_t>(i) * pl->tab_stride,
+             b->block_tables + static_cast<int64_t>(i) * b->table_stride, need * sizeof(int32_t));
+    }
+    if (b->encoder_lens && b->cross_tables && b->cross_block_size > 0) {
+      const int64_t need = cdiv(e, b->cross_block_size);
+      if (need > pl->xtab_stride) {
+        set_msg(msg, "sequence %d needs %lld cross blocks, the batch was planned for %d", i,
+                static_cast<long long>(need), pl->xtab_stride);
+        return PAGEDATTN_ERROR_CAPACITY;
+      }
+      memcpy(xtab + static_cast<int64_t>(i) * pl->xtab_stride,
+             b->cross_tables + static_cast<int64_t>(i) * b->cross_table_stride, need * sizeof(int32_t));
+    }
+    if (q == 1) {
+      dwhole[nwhole++] = WorkItem{i, 0, 1, 0, kAll, -1};
+      const int64_t len = std::max<int64_t>(static_cast<int64_t>(c) + 1, e);
+      const int64_t ns = pl->part_len > 0 ? std::max<int64_t>(1, cdiv(len, pl->part_len)) : 1;
+      if (ns == 1) {
+        dsplit[nsplit++] = WorkItem{i, 0, 1, 0, kAll, -1};
+      } else {
+        merge[nmerge++] = MergeItem{i, npart, static_cast<int32_t>(ns), 0};
+        for (int64_t sidx = 0; sidx < ns; ++sidx)
+          dsplit[nsplit++] = WorkItem{i, 0, 1, static_cast<int32_t>(sidx * pl->part_len),
+                                      static_cast<int32_t>((sidx + 1) * pl->part_len), npart++};
+      }
+    } else if (q > 1) {
+      for (int j = 0; j < 3; ++j) {
+        WorkItem* pre = pl->h<WorkItem>(pl->o_pre[j]);
+        for (int32_t t0 = 0; t0 < q; t0 += kPrefillTiles[j])
+          pre[npre[j]++] = WorkItem{i, t0, std::min(kPrefillTiles[j], q - t0), 0, kAll, -1};
+      }
+    }
+  }
+  if (nsplit > pl->cap_dsplit) {  // cannot happen within the planned sequence length
+    set_msg(msg, "split-KV work list overflow (%d > %d)", nsplit, pl->cap_dsplit);
+    return PAGEDATTN_ERROR_CAPACITY;
+  }
+  int32_t acc = 0;
+  for (int32_t i = 0; i < b->num_seqs; ++i) {
+    qst[i] = acc;
+    acc += b->query_lens[i];
+  }
+  qst[b->num_seqs] = acc;
+  // Without a mapping every slot is padding (-1), so a write skips it.
+  int64_t* slots = pl->h<int64_t>(pl->o_slots);
+  for (int64_t t = 0; t < b->num_tokens; ++t) slots[t] = b->slot_mapping ? b->slot_mapping[t] : -1;
+  int64_t* xslots = pl->h<int64_t>(pl->o_xslots);
+  for (int64_t t = 0; t < b->num_encoder_tokens; ++t)
+    xslots[t] = b->cross_slot_mapping ? b->cross_slot_mapping[t] : -1;
+  counts[kTokens] = static_cast<int32_t>(b->num_tokens);
+  counts[kEncTokens] = static_cast<int32_t>(b->num_encoder_tokens);
+  counts[kDecSplit] = nsplit;
+  counts[kDecWhole] = nwhole;
+  counts[kMerge] = nmerge;
+  for (int j = 0; j < 3; ++j) counts[kPre0 + j] = npre[j];
+  return PAGEDATTN_OK;
+}
+
+int pow2ceil(int x) {
+  int p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
+}  // namespace pagedattn_gpu

@@ -1,0 +1,62 @@
+// schedule.h — the GPU backend's work split: a batch's plan (work items, the split-KV choice,
+// the layout of its device buffer) and the constants a forward's launches take from it.
+//
+// Host code only; backend.cu owns the plan's memory, copies its image to the device and launches.
+#ifndef PAGEDATTN_GPU_SCHEDULE_H
+#define PAGEDATTN_GPU_SCHEDULE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <vector>
+
+#include "gpu_kernels.h"
+#include "plugin_abi.h"
+
+namespace pagedattn_gpu {
+
+// Tokens per prefill tile, by heads per CTA (4, 2, 1): tiles of kPrefillRows rows.
+constexpr int kPrefillTiles[3] = {kPrefillRows / 4, kPrefillRows / 2, kPrefillRows};
+constexpr int64_t kPartFloats = 8192;            // per split partial: num_heads * head_size max
+constexpr int64_t kPartHeads = kPartFloats / 8;
+
+// The counts at o_counts, which kernels read on the device: rows to write, items per work list.
+enum Count { kTokens = 0, kEncTokens, kDecSplit, kDecWhole, kMerge, kPre0, kNumCounts = kPre0 + 3 };
+
+// A batch's plan: one device buffer (the metadata image, then the split-KV workspace), the host
+// image it is copied from, and the offsets (o_*) into both.
+struct Plan {
+  char* dev = nullptr;        // one device allocation: metadata, then the split workspace
+  size_t dev_bytes = 0;
+  size_t meta_bytes = 0;
+  std::vector<char> host;     // staging image of the metadata region
+  size_t o_qlen = 0, o_ctx = 0, o_qstart = 0, o_enc = 0, o_tab = 0, o_xtab = 0, o_slots = 0,
+         o_xslots = 0, o_counts = 0, o_dsplit = 0, o_dwhole = 0, o_merge = 0, o_pre[3] = {0, 0, 0},
+         o_part = 0, o_plse = 0;
+  int32_t cap_seqs = 0;
+  int64_t cap_tokens = 0, cap_enc = 0, cap_seq_len = 0;
+  int32_t tab_stride = 0, xtab_stride = 0;
+  int32_t part_len = 0;       // split-KV partition (keys); 0 = no split
+  int32_t cap_dsplit = 0, cap_pre[3] = {0, 0, 0};
+  template <typename T> T* h(size_t off) { return reinterpret_cast<T*>(host.data() + off); }
+  template <typename T> T* d(size_t off) const { return reinterpret_cast<T*>(dev + off); }
+};
+
+// Formats an op's message into msg (PA_MSG_LEN bytes; nothing when msg is NULL). In backend.cu.
+void set_msg(char* msg, const char* fmt, ...);
+
+// Sizes a new plan for the batch's capacities: table widths, the split-KV partition (from the
+// device's SM count), the offsets of the metadata and workspace in its device buffer, and
+// meta_bytes / dev_bytes. Allocates nothing.
+void plan_layout(Plan* pl, const pa_batch* b, int sm_count);
+
+// Fills the staging image from the batch's host arrays: lengths, tables, slot mappings, the
+// work lists and their counts. CAPACITY when the batch outgrows the plan.
+pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg);
+
+// The smallest power of two >= x.
+int pow2ceil(int x);
+
+}  // namespace pagedattn_gpu
+
+#endif  // PAGEDATTN_GPU_SCHEDULE_H
