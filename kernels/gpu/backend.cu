@@ -303,40 +303,53 @@ void cache_detach(void* state, pa_cache* cache) {
 // ---------------------------------------------------------------------------------------------
 // Cache operations
 
+// Fills the cache-write parameters for k/v rows stored into `layer` of cache c: the tensors, the
+// layer's K/V bases and strides, the fp8 scales, and vec8 (1 when every 8-element group of both
+// sides is aligned for a vector access). The slots and the row count are the caller's to set.
+void fill_write_params(WriteParams* p, const pa_tensor3& k, const pa_tensor3& v, const pa_cache* c,
+                       int32_t layer, float k_scale, float v_scale) {
+  const size_t ce = elem_size(c->dtype), te = elem_size(k.dtype);
+  memset(static_cast<void*>(p), 0, sizeof(*p));
+  p->k = k.data;
+  p->v = v.data;
+  p->k_row = k.row_stride;
+  p->k_head = k.head_stride;
+  p->v_row = v.row_stride;
+  p->v_head = v.head_stride;
+  p->ck = c->k_layers[layer];
+  p->cv = c->v_layers[layer];
+  p->block_stride = c->block_stride;
+  p->slot_stride = c->slot_stride;
+  p->head_stride = c->head_stride;
+  p->num_slots = static_cast<int64_t>(c->num_blocks) * c->block_size;
+  p->block_size = c->block_size;
+  p->heads = c->num_kv_heads;
+  p->dim = c->head_size;
+  p->k_scale = k_scale;
+  p->v_scale = v_scale;
+  const int cache_vec = widest_vec({reinterpret_cast<uintptr_t>(p->ck),
+                                    reinterpret_cast<uintptr_t>(p->cv),
+                                    static_cast<uint64_t>(c->block_stride) * ce,
+                                    static_cast<uint64_t>(c->slot_stride) * ce,
+                                    static_cast<uint64_t>(c->head_stride) * ce});
+  const int rows_vec = widest_vec({reinterpret_cast<uintptr_t>(p->k),
+                                   reinterpret_cast<uintptr_t>(p->v),
+                                   static_cast<uint64_t>(p->k_row) * te,
+                                   static_cast<uint64_t>(p->k_head) * te,
+                                   static_cast<uint64_t>(p->v_row) * te,
+                                   static_cast<uint64_t>(p->v_head) * te});
+  p->vec8 = (cache_vec >= static_cast<int>(std::min<uint64_t>(8 * ce, 16)) &&
+             rows_vec >= static_cast<int>(std::min<uint64_t>(8 * te, 16)))
+                ? 1 : 0;
+}
+
 pagedattn_status cache_write(void* state, const pa_write_args* a, char* msg) {
   State* s = static_cast<State*>(state);
   DeviceGuard g(s->device);
   const pa_cache* c = a->cache;
-  const size_t ce = elem_size(c->dtype), te = elem_size(a->k.dtype);
+  const size_t te = elem_size(a->k.dtype);
   WriteParams p;
-  memset(static_cast<void*>(&p), 0, sizeof(p));
-  p.k = a->k.data;
-  p.v = a->v.data;
-  p.k_row = a->k.row_stride;
-  p.k_head = a->k.head_stride;
-  p.v_row = a->v.row_stride;
-  p.v_head = a->v.head_stride;
-  p.ck = c->k_layers[a->layer];
-  p.cv = c->v_layers[a->layer];
-  p.block_stride = c->block_stride;
-  p.slot_stride = c->slot_stride;
-  p.head_stride = c->head_stride;
-  p.num_slots = static_cast<int64_t>(c->num_blocks) * c->block_size;
-  p.block_size = c->block_size;
-  p.heads = c->num_kv_heads;
-  p.dim = c->head_size;
-  p.k_scale = a->k_scale;
-  p.v_scale = a->v_scale;
-  const uint64_t cv = 8 * ce, tv = 8 * te;
-  p.vec8 = (widest_vec({reinterpret_cast<uintptr_t>(p.ck), reinterpret_cast<uintptr_t>(p.cv),
-                        static_cast<uint64_t>(c->block_stride) * ce,
-                        static_cast<uint64_t>(c->slot_stride) * ce,
-                        static_cast<uint64_t>(c->head_stride) * ce}) >= static_cast<int>(std::min<uint64_t>(cv, 16)) &&
-            widest_vec({reinterpret_cast<uintptr_t>(p.k), reinterpret_cast<uintptr_t>(p.v),
-                        static_cast<uint64_t>(p.k_row) * te, static_cast<uint64_t>(p.k_head) * te,
-                        static_cast<uint64_t>(p.v_row) * te, static_cast<uint64_t>(p.v_head) * te}) >=
-                static_cast<int>(std::min<uint64_t>(tv, 16)))
-               ? 1 : 0;
+  fill_write_params(&p, a->k, a->v, c, a->layer, a->k_scale, a->v_scale);
   gpuStream_t stream = static_cast<gpuStream_t>(a->stream);
   if (a->slots_on_device) {
     p.slots = a->slots;
@@ -578,36 +591,8 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   const int32_t* counts = pl->d<int32_t>(pl->o_counts);
 
   if (a->write_kv && c) {
-    const size_t ce = elem_size(c->dtype), te = elem_size(a->k.dtype);
     WriteParams w;
-    memset(static_cast<void*>(&w), 0, sizeof(w));
-    w.k = a->k.data;
-    w.v = a->v.data;
-    w.k_row = a->k.row_stride;
-    w.k_head = a->k.head_stride;
-    w.v_row = a->v.row_stride;
-    w.v_head = a->v.head_stride;
-    w.ck = c->k_layers[a->layer];
-    w.cv = c->v_layers[a->layer];
-    w.block_stride = c->block_stride;
-    w.slot_stride = c->slot_stride;
-    w.head_stride = c->head_stride;
-    w.num_slots = static_cast<int64_t>(c->num_blocks) * c->block_size;
-    w.block_size = c->block_size;
-    w.heads = c->num_kv_heads;
-    w.dim = c->head_size;
-    w.k_scale = a->k_scale;
-    w.v_scale = a->v_scale;
-    w.vec8 = (widest_vec({reinterpret_cast<uintptr_t>(w.ck), reinterpret_cast<uintptr_t>(w.cv),
-                          static_cast<uint64_t>(c->block_stride) * ce,
-                          static_cast<uint64_t>(c->slot_stride) * ce,
-                          static_cast<uint64_t>(c->head_stride) * ce}) >=
-                  static_cast<int>(std::min<size_t>(8 * ce, 16)) &&
-              widest_vec({reinterpret_cast<uintptr_t>(w.k), reinterpret_cast<uintptr_t>(w.v),
-                          static_cast<uint64_t>(w.k_row) * te, static_cast<uint64_t>(w.k_head) * te,
-                          static_cast<uint64_t>(w.v_row) * te, static_cast<uint64_t>(w.v_head) * te}) >=
-                  static_cast<int>(std::min<size_t>(8 * te, 16)))
-                 ? 1 : 0;
+    fill_write_params(&w, a->k, a->v, c, a->layer, a->k_scale, a->v_scale);
     w.slots = cross ? pl->d<int64_t>(pl->o_xslots) : pl->d<int64_t>(pl->o_slots);
     w.slots_int64 = 1;
     w.n_dev = counts + (cross ? kEncTokens : kTokens);
