@@ -588,16 +588,12 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
   const bool encoder = a->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
                        a->attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
-  const int32_t* counts = pl->d<int32_t>(pl->o_counts);
 
   if (a->write_kv && c) {
     WriteParams w;
     fill_write_params(&w, a->k, a->v, c, a->layer, a->k_scale, a->v_scale);
-    w.slots = cross ? pl->d<int64_t>(pl->o_xslots) : pl->d<int64_t>(pl->o_slots);
-    w.slots_int64 = 1;
-    w.n_dev = counts + (cross ? kEncTokens : kTokens);
-    PA_CHECK(launch_cache_write(qt, c->dtype, cross ? pl->cap_enc : pl->cap_tokens, w, stream),
-             "cache write launch");
+    const int64_t write_rows = set_write_launch(*pl, cross, &w);
+    PA_CHECK(launch_cache_write(qt, c->dtype, write_rows, w, stream), "cache write launch");
   }
 
   AttnParams p;
@@ -664,22 +660,13 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   }
 
   int unsupported = 0;
-  // Decode rows (query_len == 1): one token, up to 8 heads of a group per CTA, split-KV when
-  // planned and the workspace holds num_heads * head_size.
-  const bool split = pl->part_len > 0 &&
-                     static_cast<int64_t>(a->num_heads) * a->head_size <= kPartFloats;
-  p.heads_per_cta = std::min(p.group, kDecodeRows);
-  p.tile_tokens = 1;
-  p.items = split ? pl->d<WorkItem>(pl->o_dsplit) : pl->d<WorkItem>(pl->o_dwhole);
-  p.num_items = counts + (split ? kDecSplit : kDecWhole);
-  p.part_o = pl->d<float>(pl->o_part);
-  p.part_lse = pl->d<float>(pl->o_plse);
-  PA_CHECK(launch_attention(qt, kt, true, split ? pl->cap_dsplit : pl->cap_seqs, p, stream, &unsupported),
+  const bool split = decode_split(*pl, a->num_heads, a->head_size);
+  const int32_t decode_items = set_decode_launch(*pl, split, &p);
+  PA_CHECK(launch_attention(qt, kt, true, decode_items, p, stream, &unsupported),
            "decode attention launch");
   if (split) {
     SplitMergeParams m;
-    m.items = pl->d<MergeItem>(pl->o_merge);
-    m.num_items = counts + kMerge;
+    const int32_t merge_items = set_merge_launch(*pl, &m);
     m.query_start = p.query_start;
     m.part_o = p.part_o;
     m.part_lse = p.part_lse;
@@ -691,16 +678,10 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     m.lse_head = p.lse_head;
     m.num_heads = p.num_heads;
     m.head_size = p.head_size;
-    PA_CHECK(launch_split_merge(qt, pl->cap_seqs, m, stream), "split-KV merge launch");
+    PA_CHECK(launch_split_merge(qt, merge_items, m, stream), "split-KV merge launch");
   }
-  // Prefill tiles: tokens x heads of a group, 64 rows per CTA.
-  p.heads_per_cta = std::min(p.group, 4);
-  const int tm = kPrefillRows / pow2ceil(p.heads_per_cta);
-  const int j = tm == kPrefillTiles[2] ? 2 : (tm == kPrefillTiles[1] ? 1 : 0);
-  p.tile_tokens = tm;
-  p.items = pl->d<WorkItem>(pl->o_pre[j]);
-  p.num_items = counts + kPre0 + j;
-  PA_CHECK(launch_attention(qt, kt, false, pl->cap_pre[j], p, stream, &unsupported),
+  const int32_t prefill_items = set_prefill_launch(*pl, &p);
+  PA_CHECK(launch_attention(qt, kt, false, prefill_items, p, stream, &unsupported),
            "prefill attention launch");
   if (unsupported) {
     set_msg(msg, "no %s kernel for head size %d (largest instantiated: %d)", PA_RUNTIME_NAME,

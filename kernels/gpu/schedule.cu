@@ -19,6 +19,13 @@ size_t take(size_t* cur, size_t bytes) {
 // ceil(a / b); 0 when b <= 0.
 int64_t cdiv(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
 
+// The smallest power of two >= x.
+int pow2ceil(int x) {
+  int p = 1;
+  while (p < x) p *= 2;
+  return p;
+}
+
 }  // namespace
 
 void plan_layout(Plan* pl, const pa_batch* b, int sm_count) {
@@ -157,10 +164,44 @@ pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
   return PAGEDATTN_OK;
 }
 
-int pow2ceil(int x) {
-  int p = 1;
-  while (p < x) p *= 2;
-  return p;
+bool decode_split(const Plan& pl, int32_t num_heads, int32_t head_size) {
+  return pl.part_len > 0 && static_cast<int64_t>(num_heads) * head_size <= kPartFloats;
+}
+
+int64_t set_write_launch(const Plan& pl, bool cross, WriteParams* w) {
+  const int32_t* counts = pl.d<int32_t>(pl.o_counts);
+  w->slots = cross ? pl.d<int64_t>(pl.o_xslots) : pl.d<int64_t>(pl.o_slots);
+  w->slots_int64 = 1;
+  w->n_dev = counts + (cross ? kEncTokens : kTokens);
+  return cross ? pl.cap_enc : pl.cap_tokens;
+}
+
+int32_t set_decode_launch(const Plan& pl, bool split, AttnParams* p) {
+  const int32_t* counts = pl.d<int32_t>(pl.o_counts);
+  p->heads_per_cta = std::min(p->group, kDecodeRows);
+  p->tile_tokens = 1;
+  p->items = split ? pl.d<WorkItem>(pl.o_dsplit) : pl.d<WorkItem>(pl.o_dwhole);
+  p->num_items = counts + (split ? kDecSplit : kDecWhole);
+  p->part_o = pl.d<float>(pl.o_part);
+  p->part_lse = pl.d<float>(pl.o_plse);
+  return split ? pl.cap_dsplit : pl.cap_seqs;
+}
+
+int32_t set_merge_launch(const Plan& pl, SplitMergeParams* m) {
+  m->items = pl.d<MergeItem>(pl.o_merge);
+  m->num_items = pl.d<int32_t>(pl.o_counts) + kMerge;
+  return pl.cap_seqs;
+}
+
+int32_t set_prefill_launch(const Plan& pl, AttnParams* p) {
+  const int32_t* counts = pl.d<int32_t>(pl.o_counts);
+  p->heads_per_cta = std::min(p->group, 4);
+  const int tm = kPrefillRows / pow2ceil(p->heads_per_cta);
+  const int j = tm == kPrefillTiles[2] ? 2 : (tm == kPrefillTiles[1] ? 1 : 0);
+  p->tile_tokens = tm;
+  p->items = pl.d<WorkItem>(pl.o_pre[j]);
+  p->num_items = counts + kPre0 + j;
+  return pl.cap_pre[j];
 }
 
 }  // namespace pagedattn_gpu

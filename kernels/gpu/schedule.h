@@ -54,8 +54,26 @@ void plan_layout(Plan* pl, const pa_batch* b, int sm_count);
 // work lists and their counts. CAPACITY when the batch outgrows the plan.
 pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg);
 
-// The smallest power of two >= x.
-int pow2ceil(int x);
+// Whether decode rows take the split-KV lists: the plan has partitions and a partial of
+// num_heads * head_size floats fits the workspace.
+bool decode_split(const Plan& pl, int32_t num_heads, int32_t head_size);
+
+// Launch shapes. Each set_*_launch points one launch's parameters at its list in the plan's
+// device buffer and at the list's device count, and returns the grid's width: the list's
+// capacity, so a captured graph covers any later update.
+
+// A forward's cache write: the self or the cross slot mapping (int64, -1 for padding).
+int64_t set_write_launch(const Plan& pl, bool cross, WriteParams* w);
+
+// Decode rows (query_len == 1): one token and up to kDecodeRows heads of a group per CTA, over
+// the split or the whole list; split partials go to the plan's workspace.
+int32_t set_decode_launch(const Plan& pl, bool split, AttnParams* p);
+
+// The merge of the split partials: one item per decode row split into several partitions.
+int32_t set_merge_launch(const Plan& pl, SplitMergeParams* m);
+
+// Prefill tiles: up to 4 heads of a group times the tokens that fill kPrefillRows rows.
+int32_t set_prefill_launch(const Plan& pl, AttnParams* p);
 
 }  // namespace pagedattn_gpu
 
