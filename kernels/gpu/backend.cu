@@ -574,6 +574,80 @@ void free_batch(void* state, pa_batch* b) {
 // ---------------------------------------------------------------------------------------------
 // Forward
 
+// Fills a forward's attention parameters but its work list and CTA shape (schedule.cu sets those
+// per launch): q, out and lse, the heads, the semantics (scale, soft cap, window, ALiBi, attention
+// type), the plan's lengths, and where keys and values come from: the k/v tensors for the encoder
+// types, else the paged cache (self or cross). Returns the keys' element type.
+int32_t fill_attn_params(AttnParams* p, const pa_forward_args* a, const Plan* pl) {
+  const pa_cache* c = a->cache;
+  const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
+  const bool encoder = a->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
+                       a->attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
+  memset(static_cast<void*>(p), 0, sizeof(*p));
+  p->q = a->q.data;
+  p->out = a->out.data;
+  p->q_row = a->q.row_stride;
+  p->q_head = a->q.head_stride;
+  p->o_row = a->out.row_stride;
+  p->o_head = a->out.head_stride;
+  p->lse = a->lse.data;
+  p->lse_row = a->lse.row_stride;
+  p->lse_head = a->lse.head_stride;
+  p->num_heads = a->num_heads;
+  p->num_kv_heads = a->num_kv_heads;
+  p->head_size = a->head_size;
+  p->group = a->num_heads / a->num_kv_heads;
+  p->soft_cap = a->soft_cap;
+  p->window = a->sliding_window;
+  p->alibi = a->alibi_slopes;
+  p->kind = cross ? kCross : (encoder ? kEncoder : kDecoder);
+  p->query_lens = pl->d<int32_t>(pl->o_qlen);
+  p->context_lens = pl->d<int32_t>(pl->o_ctx);
+  p->query_start = pl->d<int32_t>(pl->o_qstart);
+  p->encoder_lens = pl->d<int32_t>(pl->o_enc);
+  if (encoder) {
+    const size_t te = elem_size(a->k.dtype);
+    p->scale = a->scale;
+    p->v_scale = 1.f;
+    p->kv.k = a->k.data;
+    p->kv.v = a->v.data;
+    p->kv.slot_stride = a->k.row_stride;
+    p->kv.head_stride = a->k.head_stride;
+    p->kv.v_slot_stride = a->v.row_stride;
+    p->kv.v_head_stride = a->v.head_stride;
+    p->kv.paged = 0;
+    p->kv.vec = widest_vec({static_cast<uint64_t>(a->head_size) * te,
+                            reinterpret_cast<uintptr_t>(p->kv.k), reinterpret_cast<uintptr_t>(p->kv.v),
+                            static_cast<uint64_t>(a->k.row_stride) * te,
+                            static_cast<uint64_t>(a->k.head_stride) * te,
+                            static_cast<uint64_t>(a->v.row_stride) * te,
+                            static_cast<uint64_t>(a->v.head_stride) * te});
+    return a->k.dtype;
+  }
+  const size_t ce = elem_size(c->dtype);
+  const bool fp8 = c->dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c->dtype == PAGEDATTN_DTYPE_FP8_E5M2;
+  p->scale = a->scale * (fp8 ? a->k_scale : 1.f);
+  p->v_scale = fp8 ? a->v_scale : 1.f;
+  p->kv.k = c->k_layers[a->layer];
+  p->kv.v = c->v_layers[a->layer];
+  p->kv.block_stride = c->block_stride;
+  p->kv.slot_stride = c->slot_stride;
+  p->kv.head_stride = c->head_stride;
+  p->kv.v_slot_stride = c->slot_stride;
+  p->kv.v_head_stride = c->head_stride;
+  p->kv.paged = 1;
+  p->kv.tables = cross ? pl->d<int32_t>(pl->o_xtab) : pl->d<int32_t>(pl->o_tab);
+  p->kv.table_stride = cross ? pl->xtab_stride : pl->tab_stride;
+  p->kv.block_size = cross ? a->batch->cross_block_size : a->batch->block_size;
+  if (p->kv.block_size <= 0) p->kv.block_size = c->block_size;
+  p->kv.vec = widest_vec({static_cast<uint64_t>(a->head_size) * ce,
+                          reinterpret_cast<uintptr_t>(p->kv.k), reinterpret_cast<uintptr_t>(p->kv.v),
+                          static_cast<uint64_t>(c->block_stride) * ce,
+                          static_cast<uint64_t>(c->slot_stride) * ce,
+                          static_cast<uint64_t>(c->head_stride) * ce});
+  return c->dtype;
+}
+
 pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   State* s = static_cast<State*>(state);
   DeviceGuard g(s->device);
@@ -586,8 +660,6 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   const pa_cache* c = a->cache;
   const int32_t qt = a->q.dtype;
   const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
-  const bool encoder = a->attention_type == PAGEDATTN_ATTENTION_ENCODER ||
-                       a->attention_type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
 
   if (a->write_kv && c) {
     WriteParams w;
@@ -597,67 +669,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   }
 
   AttnParams p;
-  memset(static_cast<void*>(&p), 0, sizeof(p));
-  p.q = a->q.data;
-  p.out = a->out.data;
-  p.q_row = a->q.row_stride;
-  p.q_head = a->q.head_stride;
-  p.o_row = a->out.row_stride;
-  p.o_head = a->out.head_stride;
-  p.lse = a->lse.data;
-  p.lse_row = a->lse.row_stride;
-  p.lse_head = a->lse.head_stride;
-  p.num_heads = a->num_heads;
-  p.num_kv_heads = a->num_kv_heads;
-  p.head_size = a->head_size;
-  p.group = a->num_heads / a->num_kv_heads;
-  p.soft_cap = a->soft_cap;
-  p.window = a->sliding_window;
-  p.alibi = a->alibi_slopes;
-  p.kind = cross ? kCross : (encoder ? kEncoder : kDecoder);
-  p.query_lens = pl->d<int32_t>(pl->o_qlen);
-  p.context_lens = pl->d<int32_t>(pl->o_ctx);
-  p.query_start = pl->d<int32_t>(pl->o_qstart);
-  p.encoder_lens = pl->d<int32_t>(pl->o_enc);
-  int32_t kt;
-  if (encoder) {
-    const size_t te = elem_size(a->k.dtype);
-    kt = a->k.dtype;
-    p.scale = a->scale;
-    p.v_scale = 1.f;
-    p.kv.k = a->k.data;
-    p.kv.v = a->v.data;
-    p.kv.slot_stride = a->k.row_stride;
-    p.kv.head_stride = a->k.head_stride;
-    p.kv.v_slot_stride = a->v.row_stride;
-    p.kv.v_head_stride = a->v.head_stride;
-    p.kv.paged = 0;
-    p.kv.vec = widest_vec({static_cast<uint64_t>(a->head_size) * te, reinterpret_cast<uintptr_t>(p.kv.k),
-                           reinterpret_cast<uintptr_t>(p.kv.v),
-                           static_cast<uint64_t>(a->k.row_stride) * te, static_cast<uint64_t>(a->k.head_stride) * te,
-                           static_cast<uint64_t>(a->v.row_stride) * te, static_cast<uint64_t>(a->v.head_stride) * te});
-  } else {
-    const size_t ce = elem_size(c->dtype);
-    const bool fp8 = c->dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c->dtype == PAGEDATTN_DTYPE_FP8_E5M2;
-    kt = c->dtype;
-    p.scale = a->scale * (fp8 ? a->k_scale : 1.f);
-    p.v_scale = fp8 ? a->v_scale : 1.f;
-    p.kv.k = c->k_layers[a->layer];
-    p.kv.v = c->v_layers[a->layer];
-    p.kv.block_stride = c->block_stride;
-    p.kv.slot_stride = c->slot_stride;
-    p.kv.head_stride = c->head_stride;
-    p.kv.v_slot_stride = c->slot_stride;
-    p.kv.v_head_stride = c->head_stride;
-    p.kv.paged = 1;
-    p.kv.tables = cross ? pl->d<int32_t>(pl->o_xtab) : pl->d<int32_t>(pl->o_tab);
-    p.kv.table_stride = cross ? pl->xtab_stride : pl->tab_stride;
-    p.kv.block_size = cross ? a->batch->cross_block_size : a->batch->block_size;
-    if (p.kv.block_size <= 0) p.kv.block_size = c->block_size;
-    p.kv.vec = widest_vec({static_cast<uint64_t>(a->head_size) * ce, reinterpret_cast<uintptr_t>(p.kv.k),
-                           reinterpret_cast<uintptr_t>(p.kv.v), static_cast<uint64_t>(c->block_stride) * ce,
-                           static_cast<uint64_t>(c->slot_stride) * ce, static_cast<uint64_t>(c->head_stride) * ce});
-  }
+  const int32_t kt = fill_attn_params(&p, a, pl);
 
   int unsupported = 0;
   const bool split = decode_split(*pl, a->num_heads, a->head_size);
