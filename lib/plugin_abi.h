@@ -210,8 +210,10 @@ const pa_backend_ops* pa_cpu_backend_ops(void);
  * the encoder rows to its cross slots (host int64 arrays, -1 = skip a row). Fills every field of
  * *w (slots_on_device 0) and returns 1 when the write is due: write_kv is set, there is a cache
  * (every type but ENCODER_ONLY has one), the step has k rows (the core leaves k.data NULL when it
- * has none) and at least one slot. Returns 0 when there is nothing to write. A GPU backend takes
- * the guard and the tensors from here and the slots from its own device copy of the batch. */
+ * has none) and at least one slot. Returns 0 when there is nothing to write. A backend whose
+ * launches read the row counts on the device (the GPU plugin, so a captured graph replays after
+ * pagedattn_batch_update) guards on write_kv and the cache alone: a step captured with no rows
+ * must still replay the write of a later step that has some. */
 static inline int pa_forward_write_args(const pa_forward_args* a, pa_write_args* w) {
   const pa_batch* bt = a->batch;
   const int cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
