@@ -187,9 +187,9 @@ HWY_INLINE void load_fp8_quad(const void* p, int i, hn::Vec<DF>* v) {
 #define PA_FP8_QUADS 0
 #endif
 
-// fp8 pairs (load_pair) on AVX2. Not on AVX3: Zen 4 splits 512-bit integer ops in two, so
-// widening 2N bytes at once saved nothing there (in cache e4m3 0.55 -> 0.58 ms); untried on
-// CPUs with full-width AVX-512 units.
+// fp8 pairs (load_pair) on AVX2 only. Not on AVX3: where 512-bit integer ops are split in two
+// (Zen 4), widening 2N bytes at once gains nothing; CPUs with full-width AVX-512 units are
+// untried.
 #undef PA_FP8_PAIRS
 #if HWY_TARGET == HWY_AVX2
 #define PA_FP8_PAIRS 1

@@ -145,8 +145,8 @@ HWY_INLINE int dp_q_dim_fp8(int x) {
 }
 
 // A q row of Dq floats (zero past D) as bf16 in the fp8 scores' dim order (dp_q_dim_fp8): in
-// each group of 64, the 8-dim chunks 0, 2, 4, 6, then 1, 3, 5, 7. Vectorised: the scalar loop
-// was ~1/3 of a one-key decode item (Zen 4).
+// each group of 64, the 8-dim chunks 0, 2, 4, 6, then 1, 3, 5, 7. Vectorised: as a scalar loop
+// it is a large part of a short decode item.
 PA_DP_ATTR HWY_INLINE void dp_q_row_fp8(const float* HWY_RESTRICT qf, int Dq,
                                         uint16_t* HWY_RESTRICT qr) {
   for (int c = 0; c < Dq; c += 64) {
@@ -170,8 +170,8 @@ HWY_INLINE __mmask64 first_bytes(int n) {
 }
 
 // An fp8 row of D dims as Dw bf16 (Dw a multiple of 64) in fp8_bf16's order, the order q16 pairs
-// K in; zeros past D. The last part is read masked: no load leaves the row. (Whole chunks read
-// unmasked: the AMX scores, which convert every K row, were 2-4% slower in cache all masked.)
+// K in; zeros past D. The last part is read masked: no load leaves the row. (Whole chunks are
+// read unmasked: masked loads slow the AMX scores, which convert every K row.)
 PA_DP_ATTR HWY_INLINE void fp8_row_bf16(const Fp8Lut& L, const uint8_t* src, int D, int Dw,
                                         uint16_t* dst) {
   for (int x = 0; x < Dw; x += 64) {
@@ -225,7 +225,6 @@ PA_DP_ATTR HWY_INLINE void dp_score_chunk(const uint16_t* HWY_RESTRICT q16, int 
     }
   } else {
     // Two keys per load of q (KB is even), half the q loads; the same sums in the same order.
-    // In cache 1.5-2% faster than one key per load (b1 x 2048, one thread).
     const __mmask64 mask = Masked ? first_bytes(n) : 0;
     HWY_UNROLL(8)
     for (int b = 0; b < KB; b += 2) {
@@ -341,8 +340,7 @@ PA_DP_ATTR HWY_INLINE void dp_acc_group(float* HWY_RESTRICT acc, int Dq, int g,
     }
     // fp8: the V lines of the pair kPvL1Ahead keys on, from L2 (where pf put them) into L1. With
     // NHD's 1 KiB slot rows a group's lines are 1 KiB apart, which the hardware does not fetch
-    // ahead; the loads stalled here (~20% of samples at b16 x 4096, 2 threads). 3-4% faster
-    // in DRAM and in cache, 1 and 2 threads; HND unchanged; bf16 (two lines per group) no gain.
+    // ahead, so the loads would stall. bf16 reads two lines per group and gains nothing.
     if constexpr (dp_fp8(DT)) {
       if (k + kPvL1Ahead < nk) {
         _mm_prefetch(row_at<char>(vp[k + kPvL1Ahead], off) + g, _MM_HINT_T0);
@@ -471,8 +469,7 @@ PA_DP_ATTR HWY_INLINE void dp_fold_l(Scratch* sc, int r0, int r1) {
 // shuffles, so a row takes no horizontal sum and no scalar round trip unless its maximum grows.
 // Partial: only the first nk keys of the tile exist (a sequence's last tile); the other lanes'
 // scores are not read (they may be stale) and their weights are 0, as softmax_tile gives them.
-// At b16 x 1 (one key a sequence) taking it here, not through softmax_tile, made the call 27-30%
-// faster.
+// Short decodes (down to one key a sequence) spend much of their time in this pass.
 static_assert(kKeyTile == 32, "dp_softmax_full holds a row's scores in two vectors");
 template <bool Partial = false>
 PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows, int D,

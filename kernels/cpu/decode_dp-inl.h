@@ -36,6 +36,9 @@ using DF = hn::ScalableTag<float>;
 
 #ifdef PA_DP  // AVX3_DL (decode_bf16-inl.h)
 
+// The bf16 dot-product decode of one item (dp_eligible): q and the weights as bf16, scores and
+// P.V by vdpbf16ps, or, for fp8 caches where amx is set, on AMX tiles. One function on purpose:
+// each phase split out into a helper changes the code GCC generates for the tile loop.
 template <int DT>
 PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   const int D = it.head_size;
@@ -47,9 +50,9 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   const int kvn = it.kv_heads > 1 ? it.kv_heads : 1;
   const int G = rows / kvn;
   // A head's rows are scored in passes (pass_rows) of 4 rows, then 2, then 1, except that a last
-  // group of 3 is scored as 4 in one-head items (in cache as fast as 2 and 1) and on fp8 caches,
-  // which convert K once per pass (in cache 24/8 heads 7% faster, 56/8 and 28/4 3-4%; passes of
-  // 8 rows were 1.3-1.7x slower). A padded pass runs into the next head's rows, whose own pass
+  // group of 3 is scored as 4 in one-head items (no slower than 2 and 1) and on fp8 caches,
+  // which convert K once per pass, so one pass of 4 converts half what passes of 2 and 1 do;
+  // passes of 8 rows are slower. A padded pass runs into the next head's rows, whose own pass
   // comes later and overwrites those scores, or into zero rows after the item's last (q16 and
   // the scores have kMaxRows rows; no padding where it would not fit).
   int pass_rows[kMaxRows];
@@ -64,7 +67,7 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   }
   const int rows_s = rows - G + G_s;
   // P.V runs a head's rows 4 at a time, but a last 5 in one pass, so their V rows are read (and
-  // converted) once: in cache 40/8 heads 10% faster with a bf16 cache, 7% with fp8.
+  // converted) once.
   int pv_rows[kMaxRows];
   int npv = 0;
   for (int left = G; left > 0; left -= pv_rows[npv++])
@@ -110,8 +113,8 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   // tile operands, the tile configuration). Scratch in sc->q, free between the q rows and the
   // output pass: the q operands (rows * Dq * 2 bytes <= 32 KiB), K rows as bf16 (<= 8 KiB), one
   // tile of scores, V rows as bf16.
-  // fp8 only: a bf16 decode is memory-bound, and with its K tiles loaded in place it ran 11%
-  // slower from DRAM (b16 x 4096, 2 threads), level in cache.
+  // fp8 only: a bf16 decode is memory-bound, and tiles loaded in place from its K rows slow it
+  // down from DRAM.
   const bool use_amx = amx && dp_fp8(DT) && G <= 16 && kend - kbeg >= 128;
   uint32_t* amx_q = reinterpret_cast<uint32_t*>(sc->q);
   uint16_t* amx_k = reinterpret_cast<uint16_t*>(sc->q + kMaxRows * kMaxHeadSize / 2);
@@ -145,8 +148,8 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   };
 
   // Head h's rows as the first head's row addresses plus h * head_bytes, when a padding key's
-  // zero row is long enough for that too; else rebuilt per head (head_rows). In cache the
-  // rebuilding cost 7% of a bf16 decode (b1 x 2048, one thread).
+  // zero row is long enough for that too; else rebuilt per head (head_rows), which costs time
+  // in cache.
   const bool by_offset = kvn > 1 && (kvn - 1) * head_bytes + D * static_cast<int64_t>(esz) <=
                                         static_cast<int64_t>(sizeof(kZeroRow));
   if (kbeg < kend) {
@@ -177,11 +180,9 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
     // The next tile streams in during this one (TileSpans::before_scores).
     // bf16 (memory-bound): whole blocks in address order, by PfStream turns. fp8 (core-bound,
     // as fast from DRAM as in cache): the rows of the keys the loops read (DpPf), without the
-    // turns' bookkeeping. b16 x 4096, 10 alternating rounds: fp8 6-8% faster that way, bf16
-    // ~5% slower at two threads (the blocks' lines no longer asked for in address order).
+    // turns' bookkeeping; bf16 needs its lines asked for in address order.
     PfStream pf, pf2;
-    // With AMX the fp8 decode's core time falls by a third and it waits on memory like bf16:
-    // turns, 4-5% faster than row requests (b16 x 4096, 2 threads, Sapphire-Rapids-class).
+    // With AMX the fp8 decode waits on memory like bf16, and takes turns too.
     const bool turns = !dp_fp8(DT) || use_amx;
     if (!turns) {
       if (next_n == 0)

@@ -103,9 +103,8 @@ HWY_INLINE void permute_pairs(float* x, int n, bool to_pairs) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // Sixteen accumulators -> one vector: lane i = the sum of a[i]'s lanes. The two rounds within
 // 128-bit blocks come first, on 16 and 8 vectors; the two across blocks last, on 4 and 2: 6
-// cross-block shuffles, not 24. Zen 4 runs block-internal shuffles beside vdpbf16ps for free,
-// cross-block ones only up to ~1 per 2 dot products (24 dots + 24 vshuff32x4: 36.5 cycles; + 24
-// unpacks: 24). In cache bf16 decode 3-4% faster; fp8 (whose lookups share that pipe) unchanged.
+// cross-block shuffles, not 24: Zen 4 runs block-internal shuffles beside vdpbf16ps for free,
+// cross-block ones only up to about one per two dot products.
 HWY_INLINE __m512 reduce16(const __m512* a) {
   __m512 u[8], w[4];
   // u[i], each block: a[2i]'s lanes 0+2, a[2i+1]'s 0+2, a[2i]'s 1+3, a[2i+1]'s 1+3.

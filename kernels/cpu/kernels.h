@@ -30,11 +30,10 @@ struct Target {
   uint32_t index;
   bool bf16_dp;
   bool amx;
-  /* How the decode prefetches the next tile (TileSpans::before_scores): true, each tile's lines
-   * asked for twice, K during the scores and V during P.V (on Zen 4 3-19% faster than once);
-   * false, once, K and V in turn over the whole tile (on a Xeon with AMX 5-10% faster than once
-   * in separate phases, which was itself 2-5% faster than twice there). Set by target_select,
-   * overridden by prefetch_select. */
+  /* How the decode prefetches the next tile (TileSpans::before_scores in prefetch-inl.h): true,
+   * each tile's lines asked for twice, K during the scores and V during P.V (the faster plan on
+   * Zen 4); false, once, K and V in turn over the whole tile (the faster plan on Intel Xeons).
+   * Set by target_select, overridden by prefetch_select. */
   bool prefetch_twice;
 };
 
@@ -48,7 +47,7 @@ bool target_select(const char* name, Target* out, char* msg);
  * false, with msg (PA_MSG_LEN), for another value. Reads the environment only. */
 bool prefetch_select(Target* out, char* msg);
 
-/* ---- attention (attention.cpp) ---- */
+/* ---- attention (attention.cpp, the kernels in its -inl.h files) ---- */
 
 /* Where the keys and values of one sequence come from: the paged cache (table != NULL) or
  * contiguous rows of the k/v tensors (table == NULL, key j at row row0 + j). */
@@ -171,7 +170,8 @@ void attention_merge_parts(uint32_t target_index, const AttnItem& item, int n,
 void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const void* src,
                       float* dst, int n);
 
-/* ---- cache write (write.cpp) ---- */
+/* ---- cache write (write.cpp; store_cache_row per target in store-inl.h, dispatched by
+ * attention.cpp) ---- */
 
 /* Stores n (<= kMaxHeadSize) elements of src, dtype sdt, as dtype ddt at dst: exactly what
  * store_elem(load_elem(...)) gives (fp8: x / scale, saturating, nearest even), vectorised on the

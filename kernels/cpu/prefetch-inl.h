@@ -30,7 +30,7 @@ using DF = hn::ScalableTag<float>;
 // evenly behind the work, each span in address order: one span per key row (a multi-head item's
 // row of an NHD cache is one contiguous run), or, where an item reads (nearly) all of each
 // block, one span per block. The spans take turns, four lines each: two blocks streamed side by
-// side read faster than one after the other (Zen 4, b16 x 4096 NHD decode 2-8% faster).
+// side read faster than one after the other.
 struct PfStream {
   const char* ptr[2 * kKeyTile];  // next line of each span (a tile's K and V rows at most)
   const char* end[2 * kKeyTile];
@@ -75,14 +75,13 @@ struct PfStream {
     if (again != nullptr) again->turn();
     turn();
   }
-  // Four lines per turn: the per-line loop cost 17% of an in-cache decode (Zen 4, one thread).
+  // Four lines per turn: a loop trip per line costs an in-cache decode too much.
   // A span's last turn may issue fewer. Span lengths are whole lines, so ptr meets end exactly.
   HWY_INLINE void turn() {
     for (int m = quota; m > 0 && live > 0; --m) {
       while (ptr[k] == end[k]) k = k + 1 == n ? 0 : k + 1;
-      // prefetcht2 (locality 1): on Zen 4 decode ran 6-9% faster than with prefetcht1 (bf16
-      // cache, 1 and 2 threads, NHD and HND; fp8 unchanged). Every line: prefetching only a
-      // page's first line and leaving the rest to the hardware doubled the time.
+      // prefetcht2 (locality 1): faster than prefetcht1 on Zen 4. Every line: the hardware
+      // does not stream the rest of a page in behind its first line.
       const char* p = ptr[k];
       const char* e = end[k];
       if (e - p >= 256) {
@@ -99,7 +98,7 @@ struct PfStream {
       k = k + 1 == n ? 0 : k + 1;
     }
   }
-  void flush() {  // this stream's lines left; again takes one more turn, as in the version timed
+  void flush() {  // this stream's lines left; again takes one more turn
     quota = 1 << 30;
     step();
   }
@@ -137,16 +136,13 @@ struct TileSpans {
   // tile's V rows v_rows of keys [pos, pos + n) again, through `again`.
   // - twice (all CPUs but Intel's): each tile's lines are asked for twice, half a tile apart.
   //   During the scores the next tile's K streams in and this tile's V is asked for again;
-  //   during P.V the next tile's V streams in and its K is asked for again. Zen 4 has been
-  //   reported to drop some prefetcht1/t2 requests; whatever the cause there, the second request
-  //   made the b16 x 4096 decode 3-19% faster (bf16 and fp8, NHD and HND, 1 and 2 threads, 8
-  //   alternating rounds; 5-13% on the AVX3_DL and AVX2 kernels), and the fp8 decode's P.V loads
-  //   went from ~20% of its samples to ~4-8%.
+  //   during P.V the next tile's V streams in and its K is asked for again. Zen 4 appears to
+  //   drop some prefetcht1/t2 requests, and the second request makes up for them (the fp8
+  //   decode's P.V loads stall far less).
   // - Intel: once, K and V of the next tile together, their blocks in turn (four streams side by
-  //   side, not two), half of the lines during the scores and the rest during P.V. On a Xeon
-  //   with AMX the second request cost 2-5%, and the four streams made the decode 5-10% faster
-  //   (b16 x 4096, bf16 and fp8, NHD and HND, 1 and 2 threads); a read-only probe with the decode's arithmetic
-  //   read 95% of the stream rate that way against 88% with two (pagedattn-read-patterns).
+  //   side, not two), half of the lines during the scores and the rest during P.V. There a
+  //   second request costs more than it saves, and four streams come closer to the stream rate
+  //   than two.
   void before_scores(PfStream* pf, PfStream* again, const void* const* nk_rows,
                      const void* const* nv_rows, int next_n, int64_t next_pos,
                      const void* const* v_rows, int n, int64_t pos, int64_t steps) const {

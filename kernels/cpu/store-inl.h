@@ -47,7 +47,7 @@ HWY_INLINE hn::Vec<hn::RebindToSigned<DF>> fp8_codes(hn::Vec<DF> x, int max_code
   const auto scaled = hn::Mul(hn::BitCast(d, a), hn::Set(d, static_cast<float>(1 << (M - kEmin))));
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   // vcvtps2dq alone: only lanes below the smallest normal keep sub, where it cannot overflow
-  // (NearestInt's fix-up for large inputs cost four ops per vector).
+  // (NearestInt's fix-up for large inputs costs four ops per vector).
   const hn::Vec<decltype(di)> sub{_mm512_cvtps_epi32(scaled.raw)};
 #else
   const auto sub = hn::NearestInt(scaled);
@@ -100,8 +100,8 @@ HWY_INLINE float exact_reciprocal(float scale) {
 }
 
 // store_fp8_row for a runtime source dtype (bf16_src: bf16, else float32) and scale: a multiply
-// by 1 / scale where that is exact (scale 1, the usual case; the division was ~1/5 of the
-// conversion's time on Zen 4), else a division.
+// by 1 / scale where that is exact (scale 1, the usual case; a division is a large part of the
+// conversion's time), else a division.
 template <int E, int M>
 HWY_INLINE void store_fp8_any(uint8_t* HWY_RESTRICT o, const void* HWY_RESTRICT src, int n,
                               bool bf16_src, float scale) {

@@ -37,7 +37,7 @@ uint32_t index_of(int64_t bit) {
 #endif
 }
 
-// The pseudo target on top of AVX3_DL: decode through AVX512_BF16 dot products (attention.cpp).
+// The pseudo target on top of AVX3_DL: decode through AVX512_BF16 dot products (decode_dp-inl.h).
 constexpr const char* kBf16DpName = "AVX3_BF16";
 
 bool cpu_has_bf16_dp() {

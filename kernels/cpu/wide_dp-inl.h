@@ -36,8 +36,9 @@ using DF = hn::ScalableTag<float>;
 
 #ifdef PA_DP  // AVX3_DL (decode_bf16-inl.h)
 
-// use_amx: scores and P.V on AMX tiles (dpw_amx_*), a bf16 head's K rows copied zero padded to whole
-// tile rows of 32 dims; else vdpbf16ps.
+// The bf16 wide path of one item (dp_wide_eligible). use_amx: scores and P.V on AMX tiles
+// (dpw_amx_*), a bf16 head's K rows copied zero padded to whole tile rows of 32 dims; else
+// vdpbf16ps. One function, as AttentionItemDp, for the same reason.
 template <int DT>
 PA_AMX_ATTR void AttentionItemWideDp(const AttnItem& it, Scratch* sc, bool use_amx) {
   const DF d;

@@ -1,5 +1,5 @@
 // kernels/cpu/write.cpp — reshape-and-cache: new K/V rows into their cache slots. Each head's
-// row is copied or converted by store_cache_row (attention.cpp, on the selected SIMD target).
+// row is copied or converted by store_cache_row (store-inl.h, on the selected SIMD target).
 #include "convert.h"
 #include "kernels.h"
 
