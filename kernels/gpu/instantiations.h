@@ -12,10 +12,11 @@
 #define PAGEDATTN_GPU_INSTANTIATIONS_H
 
 // Head sizes: X(DMAX, ...). Each entry DMAX is a kernel that serves every head size d <= DMAX
-// (d % 8 == 0) down to the previous entry, so the curated default (64, 128, 256) covers every head
-// size of SPEC 2 with three kernels per dtype pair (80 and 96 run the 128 kernel with padded
-// tiles); `-Dgpu_instantiations=all` compiles one kernel per SPEC head size (tighter tiles, about
-// 4x the compile time). Ascending order: dispatch takes the first entry >= the head size.
+// (d % 8 == 0) down to the previous entry, so the curated default (64, 128, 256) covers every
+// multiple of 8 up to 256 (docs/semantics.md §2.5) with three kernels per dtype pair (80 and 96
+// run the 128 kernel with padded tiles); `-Dgpu_instantiations=all` compiles one kernel per head
+// size that §2.5 requires of a GPU backend (tighter tiles, about 4x the compile time). Ascending
+// order: dispatch takes the first entry >= the head size.
 #if defined(PAGEDATTN_GPU_ALL_INSTANTIATIONS)
 #define PA_GPU_HEAD_SIZES(X, ...)                                                     \
   X(32, __VA_ARGS__) X(64, __VA_ARGS__) X(80, __VA_ARGS__) X(96, __VA_ARGS__)         \
@@ -39,7 +40,8 @@
 #define PA_GPU_FP8_DTYPES(X, ...) X(kE4M3, e4m3_t, __VA_ARGS__) X(kE5M2, e5m2_t, __VA_ARGS__)
 
 // Cache element types for queries of code QCODE and type QTYPE: X(CODE, TYPE, ...). The cache
-// holds the query's own type or fp8 (SPEC 2; the core refuses other pairs before a kernel runs).
+// holds the query's own type or fp8 (docs/semantics.md §2.4; the core refuses other pairs before
+// a kernel runs).
 #define PA_GPU_CACHE_DTYPES(X, QCODE, QTYPE, ...) \
   X(QCODE, QTYPE, __VA_ARGS__) PA_GPU_FP8_DTYPES(X, __VA_ARGS__)
 
