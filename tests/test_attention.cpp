@@ -1,6 +1,6 @@
-// Attention against the float64 reference (SPEC section 6). Every test draws fresh random cases
-// (PAGEDATTN_TEST_SEED reproduces a run); tests named Fast* are the subset run once per SIMD
-// target.
+// Attention against the float64 reference (docs/semantics.md section 7). Every test draws fresh
+// random cases (PAGEDATTN_TEST_SEED reproduces a run); tests named Fast* are the subset run once
+// per SIMD target.
 #include <algorithm>
 #include <functional>
 #include <thread>
@@ -235,7 +235,7 @@ TEST_F(Attention, PrefillGrid) {
 }
 
 TEST_F(Attention, ChunkedPrefill) {
-  // Query and context lengths drawn from 16..1024 (SPEC 6), windows 16..2048.
+  // Query and context lengths drawn from 16..1024 (docs/semantics.md section 7), windows 16..2048.
   run(8, [&](std::mt19937_64& rng, int i) {
     AttnCase c;
     c.dtype = kModel[i % 3];

@@ -1,4 +1,4 @@
-// GPU-only tests on the backend named by PAGEDATTN_TEST_BACKEND (cuda): every SPEC head size x
+// GPU-only tests on the backend named by PAGEDATTN_TEST_BACKEND (cuda): every supported head size x
 // dtype x cache dtype, GQA ratios 1-8 and beyond, block sizes 8-128, split-KV decode, CUDA-graph
 // capture and replay after an in-place batch update (a decode step and a mixed chunked-prefill
 // step), device <-> host swaps, device slot mappings with bad slots, and the small cases that

@@ -157,7 +157,8 @@ struct RefParams {
 void ref_attend(const RefParams& p, int64_t nq, const float* q, const int64_t* qpos, int64_t nk,
                 const float* k, const float* v, double* out, double* lse);
 
-/* Tolerance on max|out-ref|/max|ref| for a model dtype and cache dtype (SPEC 6). */
+/* Tolerance on max|out-ref|/max|ref| for a model dtype and cache dtype (docs/semantics.md
+ * section 7). */
 double tolerance(pagedattn_dtype dtype, pagedattn_dtype cache_dtype);
 
 /* Compares got against ref with tolerance tol on max|got-ref|/max|ref|; NaN always fails. */

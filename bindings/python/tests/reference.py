@@ -1,4 +1,4 @@
-"""A float64 numpy reference of decoder attention over positions (SPEC.md section 4/6)."""
+"""A float64 numpy reference of decoder attention over positions (docs/semantics.md sections 5 and 7)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Scalar integers bound for C fields and arguments are checked against their C type before any
-call (issue 34): ctypes would keep only their low bits, so layer 2**32 ran layer 0 and
+call: ctypes would keep only their low bits, so layer 2**32 ran layer 0 and
 num_blocks=2**32+8 made an 8-block cache. A refused call raises OverflowError (TypeError for a
 non-integer) naming the argument, and nothing is created or written."""
 
