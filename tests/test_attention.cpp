@@ -3,6 +3,7 @@
 // per SIMD target.
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <thread>
 
 #include "pagedattn_test_support.h"
@@ -123,6 +124,80 @@ TEST_F(Attention, FastFeatures) {
       default: c.strided_io = true; c.wrap_cache = true; break;
     }
     limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, FastNonFiniteInputsPropagate) {
+  // docs/semantics.md section 5: a NaN or infinity in q, k or v that a row reads gives what
+  // float64 gives (a NaN score: NaN output and log-sum-exp; an infinite V: an infinite or NaN
+  // column), never a row that sees no key, and rows that do not read it stay exact. One kind of
+  // poke per sequence, on a context token or one of the step's own, in decode, prefill and
+  // mixed batches, with and without soft cap, window, ALiBi and fp8 caches.
+  const float kInf = std::numeric_limits<float>::infinity();
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  run(18, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.dtype = kModel[i % 3];
+    const auto hh = (i / 3) % 2 ? std::make_pair(8, 2) : std::make_pair(4, 4);
+    c.H = hh.first;
+    c.Hkv = hh.second;
+    c.D = i % 4 < 2 ? 64 : 128;
+    c.lse = true;
+    const int kind = (i / 2) % 3;  // decode, prefill, mixed
+    c.seqs.resize(7);
+    for (auto& sq : c.seqs) {
+      if (kind == 0) sq = {1, rng() % 3 ? 1 + static_cast<int>(rng() % (i % 5 == 0 ? 400 : 120)) : 0, 0};
+      if (kind == 1) sq = {2 + static_cast<int>(rng() % 30), 0, 0};
+      if (kind == 2) sq = {1 + static_cast<int>(rng() % 20), static_cast<int>(rng() % 60), 0};
+    }
+    switch (i % 6) {
+      case 1: c.soft_cap = 10.0f; break;
+      case 2: c.window = 8 + static_cast<int>(rng() % 40); break;
+      case 3: c.alibi = true; break;
+      case 4: c.cache_dtype = PAGEDATTN_DTYPE_FP8_E4M3; c.k_scale = 0.5f; c.v_scale = 2.0f; break;
+      default: break;
+    }
+    const struct { char what; float value; } kinds[] = {
+        {'q', kNaN}, {'k', kNaN}, {'k', kInf}, {'k', -kInf}, {'v', kNaN}, {'v', kInf}};
+    int order[7] = {0, 1, 2, 3, 4, 5, 6};
+    std::shuffle(order, order + 7, rng);
+    for (int j = 0; j < 6; ++j) {  // one sequence stays finite
+      const int sidx = order[j];
+      const SeqSpec& sq = c.seqs[sidx];
+      pat::Poke pk;
+      pk.what = kinds[j].what;
+      pk.value = kinds[j].value;
+      pk.seq = sidx;
+      const int64_t n = pk.what == 'q' ? sq.qlen : sq.ctx + sq.qlen;
+      pk.pos = static_cast<int64_t>(rng() % n);
+      if (pk.what == 'v') {
+        // A V every row of the sequence sees: one a row does not see may still reach it times a
+        // zero weight (docs/semantics.md section 5).
+        const int64_t lo = c.window ? std::max<int64_t>(0, sq.ctx + sq.qlen - c.window) : 0;
+        if (lo > sq.ctx)
+          pk.what = 'k';
+        else
+          pk.pos = lo + static_cast<int64_t>(rng() % (sq.ctx - lo + 1));
+      }
+      pk.h = static_cast<int>(rng() % (pk.what == 'q' ? c.H : c.Hkv));
+      pk.d = static_cast<int>(rng() % c.D);
+      c.pokes.push_back(pk);
+    }
+    for (int sidx = 0; sidx < 7; ++sidx) {  // NaN K and V in stale slots past each sequence
+      const SeqSpec& sq = c.seqs[sidx];
+      if ((sq.ctx + sq.qlen) % c.block_size == 0) continue;
+      for (char what : {'k', 'v'}) {
+        pat::Poke pk;
+        pk.what = what;
+        pk.seq = sidx;
+        pk.pos = sq.ctx + sq.qlen + static_cast<int64_t>(rng() % (c.block_size - (sq.ctx + sq.qlen) % c.block_size));
+        pk.h = static_cast<int>(rng() % c.Hkv);
+        pk.d = static_cast<int>(rng() % c.D);
+        pk.value = kNaN;
+        c.pokes.push_back(pk);
+      }
+    }
     return c;
   });
 }

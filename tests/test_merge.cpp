@@ -2,6 +2,7 @@
 // reference, merged by the library and checked against the reference over the whole key set.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "pagedattn_test_support.h"
 
@@ -145,6 +146,53 @@ TEST_F(Merge, BothEmptyGivesZeroAndMinusInfinity) {
     EXPECT_TRUE(std::isinf(lo->get(0, h, 0)) && lo->get(0, h, 0) < 0);
     EXPECT_FLOAT_EQ(lo->get(1, h, 0), 0.5f);
   }
+}
+
+TEST_F(Merge, NonFiniteLseGivesNaN) {
+  // docs/semantics.md section 5: a NaN or +inf log-sum-exp on either side (also beside an empty
+  // state) gives NaN out and lse_out, as float64 gives; a NaN inside o of a state that counts
+  // reaches its column only.
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float l1v[] = {kNaN, -INFINITY, INFINITY, 0.25f, 0.25f};
+  const float l2v[] = {0.5f, kNaN, -INFINITY, kNaN, 0.5f};
+  const int T = 5, H = 2, D = 16;
+  pat::Tensor o1(dev, PAGEDATTN_DTYPE_FLOAT32, T, H, D), o2(dev, PAGEDATTN_DTYPE_FLOAT32, T, H, D),
+      out(dev, PAGEDATTN_DTYPE_FLOAT32, T, H, D);
+  auto l1 = pat::Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, T, H);
+  auto l2 = pat::Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, T, H);
+  auto lo = pat::Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, T, H);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      for (int d = 0; d < D; ++d) {
+        o1.set(t, h, d, t == 4 && d == 3 ? kNaN : 1.0f);
+        o2.set(t, h, d, 2.0f);
+      }
+      l1->set(t, h, 0, l1v[t]);
+      l2->set(t, h, 0, l2v[t]);
+    }
+  out.poison_all();
+  lo->poison_all();
+  for (auto* x : {&o1, &o2, &out, l1.get(), l2.get(), lo.get()}) x->upload();
+  ASSERT_EQ(pagedattn_merge_states(be, out.t(), lo->t(), o1.t(), l1->t(), o2.t(), l2->t(), nullptr),
+            PAGEDATTN_OK)
+      << pat::last_error();
+  out.download();
+  lo->download();
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) {
+      for (int d = 0; d < D; ++d) {
+        const float x = out.get(t, h, d);
+        if (t < 4 || d == 3)
+          EXPECT_TRUE(std::isnan(x)) << "row " << t << " dim " << d << ": " << x << ", want NaN";
+        else
+          EXPECT_TRUE(std::isfinite(x)) << "row " << t << " dim " << d << ": " << x;
+      }
+      const float gl = lo->get(t, h, 0);
+      if (t < 4)
+        EXPECT_TRUE(std::isnan(gl)) << "lse row " << t << ": " << gl << ", want NaN";
+      else
+        EXPECT_NEAR(gl, std::log(std::exp(0.25) + std::exp(0.5)), 1e-5) << "lse row " << t;
+    }
 }
 
 TEST_F(Merge, Refusals) {

@@ -63,7 +63,8 @@ PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(pagedattn_attent
  * q: [num_tokens, H, D]; k, v: [rows, Hkv, D] (rows = num_tokens, or num_encoder_tokens for a
  * cross forward), needed when write_kv = 1 and for encoder types, else may be NULL; out:
  * [num_tokens, H, D] with q's dtype; lse: optional float32 [num_tokens, H] (natural log of each
- * softmax denominator, including scale and max; -inf for a row that sees no key). Any strides
+ * softmax denominator, including scale and max; -inf for a row that sees no key). A NaN or +inf
+ * score a row reads makes its output and lse NaN (docs/semantics.md section 5). Any strides
  * with a unit innermost stride. All on the backend's device; q/k/v/out of one dtype
  * (float32/float16/bfloat16); the cache's dtype must be that dtype or fp8.
  * `cache` is the self-attention cache (decoder, encoder) or the cross cache (cross); NULL only for
@@ -102,7 +103,7 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
  * lse = log(exp(lse1) + exp(lse2)), out = (exp(lse1 - lse) * o1 + exp(lse2 - lse) * o2).
  * o1, o2, out: [T, H, D] of one dtype (float32/float16/bfloat16); lse1, lse2: float32 [T, H];
  * lse_out: optional float32 [T, H]. A state with lse = -inf is empty (contributes nothing); if
- * both are empty, out is 0 and lse_out -inf. out may be o1 or o2 (in place), lse_out may be lse1
+ * both are empty, out is 0 and lse_out -inf; a NaN or +inf lse gives NaN out and lse_out. out may be o1 or o2 (in place), lse_out may be lse1
  * or lse2. All on the backend's device; runs on `stream`. Returns PAGEDATTN_ERROR_NULL_POINTER
  * (backend, a tensor other than lse_out, or a tensor's data with elements),
  * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, stride), PAGEDATTN_ERROR_WRONG_DEVICE,

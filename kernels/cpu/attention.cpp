@@ -78,15 +78,17 @@ void attention_merge_parts(uint32_t /*target_index*/, const AttnItem& it, int n,
     for (int g = 0; g < nh; ++g) {
       const int r = t * nh + g;
       float mx = kNegInf;
-      for (int p = 0; p < n; ++p) mx = std::max(mx, m[p * ml_stride + r]);
+      for (int p = 0; p < n; ++p) mx = max_keep_nan(mx, m[p * ml_stride + r]);
+      const bool poisoned = max_poisoned(mx);  // a part read a NaN or +inf score
       float w[kMaxSplits];
       float total = 0.0f;
       for (int p = 0; p < n; ++p) {
         const float mp = m[p * ml_stride + r];
-        w[p] = mp == kNegInf ? 0.0f : expf(mp - mx);
+        w[p] = mp == kNegInf || poisoned ? 0.0f : expf(mp - mx);
         total += w[p] * l[p * ml_stride + r];
       }
-      const float inv = total > 0.0f ? 1.0f / total : 0.0f;
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const float inv = poisoned ? nan : total > 0.0f ? 1.0f / total : 0.0f;
       char* op = item_out(it, t, g);
       for (int i = 0; i < D; ++i) {
         float x = 0.0f;
@@ -97,7 +99,7 @@ void attention_merge_parts(uint32_t /*target_index*/, const AttnItem& it, int n,
       }
       if (it.lse != nullptr) {
         it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
-            total > 0.0f ? mx + logf(total) : kNegInf;
+            poisoned ? nan : total > 0.0f ? mx + logf(total) : kNegInf;
       }
     }
   }

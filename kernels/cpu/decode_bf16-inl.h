@@ -494,9 +494,15 @@ PA_DP_ATTR HWY_INLINE void dp_softmax_full(Scratch* sc, uint16_t* p16, int rows,
     mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0x4E));
     mx = _mm512_max_ps(mx, _mm512_permute_ps(mx, 0xB1));
     const float mold = sc->m[r];
-    const __m512 vm = _mm512_max_ps(mx, _mm512_set1_ps(mold));
-    const float mt = _mm512_cvtss_f32(mx);
-    if (mt > mold) {  // the row's maximum grows (rare after the first tiles): rescale its state
+    // Every lane holds the row's max; -inf (every score so far -inf) subtracts 0 instead, so
+    // the weights are exp(-inf) = 0 rather than NaN.
+    __m512 vm = _mm512_max_ps(mx, _mm512_set1_ps(mold));
+    if (_mm512_cvtss_f32(vm) == -std::numeric_limits<float>::infinity()) vm = _mm512_setzero_ps();
+    // The max drops NaN: a NaN score poisons the row's max here (its output pass writes NaN).
+    const bool nan = (_mm512_cmp_ps_mask(s0, s0, _CMP_UNORD_Q) |
+                      _mm512_cmp_ps_mask(s1, s1, _CMP_UNORD_Q)) != 0;
+    const float mt = nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_cvtss_f32(mx);
+    if (mt > mold || nan) {  // the row's maximum grows (rare after the first tiles): rescale it
       dp_fold_l(sc, r, r + 1);
       raise_max(sc, r, mt, D);
     }

@@ -395,10 +395,15 @@ HWY_INLINE float round_bf16_sum(float* HWY_RESTRICT p, int n) {
 }
 
 // Row r's running max becomes max(m[r], mt); when it grows, the row's sum and its Dp accumulators
-// are rescaled to it (alpha 0 for a row that had seen nothing). Returns the new max.
+// are rescaled to it (alpha 0 for a row that had seen nothing). A NaN or +inf max poisons the row
+// for good (max_poisoned): nothing is rescaled, the output pass writes NaN. Returns the new max.
 HWY_INLINE float raise_max(Scratch* sc, int r, float mt, int Dp) {
   const float mold = sc->m[r];
-  const float mnew = std::max(mold, mt);
+  const float mnew = max_keep_nan(mold, mt);
+  if (max_poisoned(mnew)) {
+    sc->m[r] = mnew;
+    return mnew;
+  }
   if (mold != mnew) {
     const float alpha = mold == -std::numeric_limits<float>::infinity() ? 0.0f : expf(mold - mnew);
     sc->l[r] *= alpha;
@@ -412,8 +417,9 @@ HWY_INLINE float raise_max(Scratch* sc, int r, float mt, int Dp) {
 // s[r][0, nk) (times sfac), which become masked, capped, biased, exponentiated weights; m and l
 // are updated and the accumulator rows (Dp floats) rescaled when a row's maximum grows. Entries
 // nk..kKeyTile are -inf. bf16_weights: the weights are rounded to bf16 values and l sums the
-// rounded ones, so P.V in bf16 divides by exactly the weights it used. Returns false when no row
-// sees any key of the tile.
+// rounded ones, so P.V in bf16 divides by exactly the weights it used. A NaN score makes the
+// tile's max NaN; a row whose max is poisoned gets weights 0 (its output pass writes NaN).
+// Returns false when no row sees any key of the tile.
 HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int nk, bool plain,
                              int Dp, float sfac, bool bf16_weights = false) {
   const float kNegInf = -std::numeric_limits<float>::infinity();
@@ -435,10 +441,16 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
           const DF d;
           const int N = static_cast<int>(hn::Lanes(d));
           auto vmax = hn::Load(d, s);
-          for (k = N; k < kKeyTile; k += N) vmax = hn::Max(vmax, hn::Load(d, s + k));
-          mt = hn::GetLane(hn::MaxOfLanes(d, vmax));
+          auto nan = hn::IsNaN(vmax);
+          for (k = N; k < kKeyTile; k += N) {
+            const auto x = hn::Load(d, s + k);
+            vmax = hn::Max(vmax, x);
+            nan = hn::Or(nan, hn::IsNaN(x));
+          }
+          mt = hn::AllFalse(d, nan) ? hn::GetLane(hn::MaxOfLanes(d, vmax))
+                                    : std::numeric_limits<float>::quiet_NaN();
         }
-        for (; k < nk; ++k) mt = std::max(mt, s[k]);
+        for (; k < nk; ++k) mt = max_keep_nan(mt, s[k]);
       } else {
         for (int k = 0; k < nk; ++k) {
           const int64_t kp = kt0 + k;
@@ -450,7 +462,7 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
             if (it.alibi != nullptr) x += slope * static_cast<float>(kp - pos);
           }
           s[k] = x;
-          mt = std::max(mt, x);
+          mt = max_keep_nan(mt, x);
         }
       }
       for (int k = nk; k < kKeyTile; ++k) s[k] = kNegInf;
@@ -458,8 +470,12 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
         for (int k = 0; k < (bf16_weights ? kKeyTile : nk); ++k) s[k] = 0.0f;
         continue;
       }
-      any = true;
       const float mnew = raise_max(sc, r, mt, Dp);
+      if (max_poisoned(mnew)) {
+        for (int k = 0; k < (bf16_weights ? kKeyTile : nk); ++k) s[k] = 0.0f;
+        continue;
+      }
+      any = true;
       const float tile_sum = exp_row(s, mnew, nk);
       if (bf16_weights) {
         for (int k = nk; k < kKeyTile; ++k) s[k] = 0.0f;
@@ -491,12 +507,14 @@ HWY_INLINE void write_rows(const AttnItem& it, const float* acc, const float* m,
         continue;
       }
       const float l = l_[r];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const bool poisoned = max_poisoned(m[r]);
+      const float inv = poisoned ? nan : l > 0.0f ? 1.0f / l : 0.0f;
       char* op = item_out(it, t, g);
       store_row(op, it.dtype, a, inv, D);
       if (it.lse != nullptr) {
         it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
-            l > 0.0f ? m[r] + logf(l) : kNegInf;
+            poisoned ? nan : l > 0.0f ? m[r] + logf(l) : kNegInf;
       }
     }
   }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "convert.h"
+#include "kernels/runtime/softmax_rules.h"
 #include "plugin_abi.h"
 
 namespace pa_cpu {
@@ -130,6 +131,9 @@ struct AttnItem {
   float* part_m;
   float* part_l;
 };
+
+using pa_runtime::max_keep_nan;
+using pa_runtime::max_poisoned;
 
 /* q and out rows of the item's token t, head h0 + g. */
 static inline const char* item_q(const AttnItem& it, int t, int g) {

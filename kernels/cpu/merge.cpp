@@ -18,9 +18,11 @@ void merge_rows(uint32_t /*target_index*/, const pa_merge_args& a, int64_t r0, i
     for (int h = 0; h < H; ++h) {
       const float l1 = a.lse1.data[r * a.lse1.row_stride + h * a.lse1.head_stride];
       const float l2 = a.lse2.data[r * a.lse2.row_stride + h * a.lse2.head_stride];
-      const float mx = std::max(l1, l2);
+      const float mx = max_keep_nan(l1, l2);
       float w1 = 0.0f, w2 = 0.0f, lse = kNegInf;
-      if (mx != kNegInf) {
+      if (max_poisoned(mx)) {  // a NaN or +inf lse: NaN, as float64 gives
+        w1 = w2 = lse = std::numeric_limits<float>::quiet_NaN();
+      } else if (mx != kNegInf) {
         const float e1 = l1 == kNegInf ? 0.0f : expf(l1 - mx);
         const float e2 = l2 == kNegInf ? 0.0f : expf(l2 - mx);
         const float sum = e1 + e2;

@@ -147,8 +147,9 @@ HWY_INLINE WideRows wide_rows(const AttnItem& it, Scratch* sc, int Rp) {
 }
 
 // Row-vectorised masking of one key tile for row vector o (N rows): scores times sfac, soft cap,
-// ALiBi, causal/window visibility (-inf outside); returns the tile's max per row. full: every
-// row sees every key of the tile and nothing is added (scale only).
+// ALiBi, causal/window visibility (-inf outside); returns the tile's max per row, NaN for a row
+// that sees a NaN score. full: every row sees every key of the tile and nothing is added (scale
+// only).
 HWY_INLINE hn::Vec<DF> wide_mask_max(const AttnItem& it, Scratch* sc, int64_t kt0, int nk, int Rp,
                                      size_t o, bool full, float sfac) {
   const DF d;
@@ -156,6 +157,7 @@ HWY_INLINE hn::Vec<DF> wide_mask_max(const AttnItem& it, Scratch* sc, int64_t kt
   const auto ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
   const auto vsfac = hn::Set(d, sfac);
   auto mt = ninf;
+  auto nan = hn::IsNaN(mt);
   if (full) {
     for (int k = 0; k < nk; ++k) {
       float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
@@ -165,8 +167,9 @@ HWY_INLINE hn::Vec<DF> wide_mask_max(const AttnItem& it, Scratch* sc, int64_t kt
         hn::Store(x, d, sp);
       }
       mt = hn::Max(mt, x);
+      nan = hn::Or(nan, hn::IsNaN(x));
     }
-    return mt;
+    return hn::IfThenElse(nan, hn::Set(d, std::numeric_limits<float>::quiet_NaN()), mt);
   }
   const auto lo = hn::Load(di, sc->lo + o), hi = hn::Load(di, sc->hi + o);
   const auto posf = hn::Load(d, sc->posf + o), slope = hn::Load(d, sc->slope + o);
@@ -184,19 +187,25 @@ HWY_INLINE hn::Vec<DF> wide_mask_max(const AttnItem& it, Scratch* sc, int64_t kt
     x = hn::IfThenElse(vis, x, ninf);
     hn::Store(x, d, sp);
     mt = hn::Max(mt, x);
+    nan = hn::Or(nan, hn::IsNaN(x));
   }
-  return mt;
+  return hn::IfThenElse(nan, hn::Set(d, std::numeric_limits<float>::quiet_NaN()), mt);
 }
 
 // The new running max of row vector o given the tile's max mt: stores m and alpha (the factor
 // for the old accumulators) and returns the value to subtract before exp (0 for rows that have
-// seen nothing yet, so exp gives 0 rather than NaN).
+// seen nothing yet, so exp gives 0 rather than NaN; +inf for poisoned rows, whose NaN or +inf max
+// sticks, so their weights and alpha are 0 and the output pass writes NaN).
 HWY_INLINE hn::Vec<DF> wide_new_max(Scratch* sc, size_t o, hn::Vec<DF> mt) {
   const DF d;
   const auto ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  const auto pinf = hn::Set(d, std::numeric_limits<float>::infinity());
   const auto mold = hn::Load(d, sc->m + o);
-  const auto mnew = hn::Max(mold, mt);
-  const auto msafe = hn::IfThenElse(hn::Eq(mnew, ninf), hn::Zero(d), mnew);
+  const auto nan = hn::Or(hn::IsNaN(mold), hn::IsNaN(mt));
+  const auto mnew =
+      hn::IfThenElse(nan, hn::Set(d, std::numeric_limits<float>::quiet_NaN()), hn::Max(mold, mt));
+  const auto msafe = hn::IfThenElse(
+      hn::Eq(mnew, ninf), hn::Zero(d), hn::IfThenElse(hn::Lt(mnew, pinf), mnew, pinf));
   hn::Store(mnew, d, sc->m + o);
   hn::Store(hn::Exp(d, hn::Sub(mold, msafe)), d, sc->alpha + o);
   return msafe;
@@ -290,12 +299,14 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
       continue;
     }
     const float l = sc->l[r];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const bool poisoned = max_poisoned(sc->m[r]);
+    const float inv = poisoned ? nan : l > 0.0f ? 1.0f / l : 0.0f;
     char* op = item_out(it, t, g);
     store_row(op, it.dtype, row, inv, D);
     if (it.lse != nullptr) {
       it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
-          l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
+          poisoned ? nan : l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
     }
   }
 }

@@ -310,15 +310,16 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
       for (int r = wid; r < R; r += NW) {
         if (r >= rows_used) continue;
         float mx = kNegInf;
-        for (int k = lane; k < CHUNK; k += PA_WARP_SIZE) mx = fmaxf(mx, ss[r * SS + k]);
+        for (int k = lane; k < CHUNK; k += PA_WARP_SIZE) mx = max_keep_nan(mx, ss[r * SS + k]);
 #pragma unroll
-        for (int o = PA_WARP_SIZE / 2; o > 0; o >>= 1) mx = fmaxf(mx, PA_SHFL_XOR(mx, o));
+        for (int o = PA_WARP_SIZE / 2; o > 0; o >>= 1) mx = max_keep_nan(mx, PA_SHFL_XOR(mx, o));
         const float m_old = m_s[r];
-        const float m_new = fmaxf(m_old, mx);
+        const float m_new = max_keep_nan(m_old, mx);
+        const bool poisoned = max_poisoned(m_new);  // weights 0; the output is NaN
         float sum = 0.f;
         for (int k = lane; k < CHUNK; k += PA_WARP_SIZE) {
           const float s = ss[r * SS + k];
-          const float e = (s == kNegInf) ? 0.f : __expf(s - m_new);
+          const float e = (s == kNegInf || poisoned) ? 0.f : __expf(s - m_new);
           ss[r * SS + k] = e;
           sum += e;
         }
@@ -326,7 +327,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
         for (int o = PA_WARP_SIZE / 2; o > 0; o >>= 1) sum += PA_SHFL_XOR(sum, o);
         PA_SYNCWARP();  // every lane has read m_s[r] before lane 0 overwrites it
         if (lane == 0) {
-          const float alpha = (m_old == kNegInf) ? 0.f : __expf(m_old - m_new);
+          const float alpha = (m_old == kNegInf || poisoned) ? 0.f : __expf(m_old - m_new);
           l_s[r] = l_s[r] * alpha + sum;
           m_s[r] = m_new;
           a_s[r] = alpha;
@@ -381,8 +382,9 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
     if (gi >= gh) continue;
     const int d0 = (unit % dunits) * 8;
     const float l = l_s[r];
-    const float inv = (l > 0.f) ? p.v_scale / l : 0.f;
-    const float lse = (l > 0.f) ? m_s[r] + logf(l) : kNegInf;
+    const bool poisoned = max_poisoned(m_s[r]);
+    const float inv = poisoned ? NAN : (l > 0.f) ? p.v_scale / l : 0.f;
+    const float lse = poisoned ? NAN : (l > 0.f) ? m_s[r] + logf(l) : kNegInf;
     const int h = h0 + gi;
     if (it.part < 0) {
       T* o = static_cast<T*>(p.out) + static_cast<int64_t>(row0 + ti) * p.o_row + h * p.o_head + d0;
@@ -585,15 +587,16 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
         continue;
       }
       float mx = kNegInf;
-      for (int k = lane; k < CHUNK; k += 32) mx = fmaxf(mx, ss[r * LDS + k]);
+      for (int k = lane; k < CHUNK; k += 32) mx = max_keep_nan(mx, ss[r * LDS + k]);
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, PA_SHFL_XOR(mx, o));
+      for (int o = 16; o > 0; o >>= 1) mx = max_keep_nan(mx, PA_SHFL_XOR(mx, o));
       const float m_old = m_s[r];
-      const float m_new = fmaxf(m_old, mx);
+      const float m_new = max_keep_nan(m_old, mx);
+      const bool poisoned = max_poisoned(m_new);  // weights 0; the output is NaN
       float sum = 0.f;
       for (int k = lane; k < CHUNK; k += 32) {
         const float s = ss[r * LDS + k];
-        const float e = (s == kNegInf) ? 0.f : __expf(s - m_new);
+        const float e = (s == kNegInf || poisoned) ? 0.f : __expf(s - m_new);
         ps[r * LDP + k] = from_float<T>(e);
         sum += e;
       }
@@ -601,7 +604,7 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
       for (int o = 16; o > 0; o >>= 1) sum += PA_SHFL_XOR(sum, o);
       PA_SYNCWARP();  // every lane has read m_s[r] before lane 0 overwrites it
       if (lane == 0) {
-        const float alpha = (m_old == kNegInf) ? 0.f : __expf(m_old - m_new);
+        const float alpha = (m_old == kNegInf || poisoned) ? 0.f : __expf(m_old - m_new);
         l_s[r] = l_s[r] * alpha + sum;
         m_s[r] = m_new;
         a_s[r] = alpha;
@@ -637,12 +640,13 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
     const int ti = r / hpc, gi = r % hpc;
     if (gi >= gh) continue;
     const float l = l_s[r];
+    const bool poisoned = max_poisoned(m_s[r]);
     const int h = h0 + gi;
     T* out = static_cast<T*>(p.out) + static_cast<int64_t>(row0 + ti) * p.o_row + h * p.o_head;
-    out[d] = from_float<T>(l > 0.f ? os[r * LDO + d] * (p.v_scale / l) : 0.f);
+    out[d] = from_float<T>(poisoned ? NAN : l > 0.f ? os[r * LDO + d] * (p.v_scale / l) : 0.f);
     if (d == 0 && p.lse)
       p.lse[static_cast<int64_t>(row0 + ti) * p.lse_row + h * p.lse_head] =
-          (l > 0.f) ? m_s[r] + logf(l) : kNegInf;
+          poisoned ? NAN : (l > 0.f) ? m_s[r] + logf(l) : kNegInf;
   }
 }
 

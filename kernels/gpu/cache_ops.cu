@@ -157,7 +157,8 @@ __global__ void split_merge_kernel(const SplitMergeParams p) {
   const int64_t row = p.query_start[mi.seq];
   float mx = -INFINITY;
   for (int i = 0; i < mi.count; ++i)
-    mx = fmaxf(mx, p.part_lse[static_cast<int64_t>(mi.first + i) * p.num_heads + h]);
+    mx = max_keep_nan(mx, p.part_lse[static_cast<int64_t>(mi.first + i) * p.num_heads + h]);
+  const bool poisoned = max_poisoned(mx);  // a part read a NaN or +inf score
   float wsum = 0.f;
   for (int i = 0; i < mi.count; ++i) {
     const float l = p.part_lse[static_cast<int64_t>(mi.first + i) * p.num_heads + h];
@@ -175,10 +176,11 @@ __global__ void split_merge_kernel(const SplitMergeParams p) {
       }
       acc /= wsum;
     }
-    out[d] = from_float<T>(acc);
+    out[d] = from_float<T>(poisoned ? NAN : acc);
   }
   if (threadIdx.x == 0 && p.lse)
-    p.lse[row * p.lse_row + h * p.lse_head] = (wsum > 0.f) ? mx + logf(wsum) : -INFINITY;
+    p.lse[row * p.lse_row + h * p.lse_head] =
+        poisoned ? NAN : (wsum > 0.f) ? mx + logf(wsum) : -INFINITY;
 }
 
 gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergeParams& p,
@@ -204,7 +206,8 @@ __global__ void merge_states_kernel(const MergeStatesParams p) {
   const int h = blockIdx.y;
   const float l1 = p.lse1[row * p.l1_row + h * p.l1_head];
   const float l2 = p.lse2[row * p.l2_row + h * p.l2_head];
-  const float mx = fmaxf(l1, l2);
+  const float mx = max_keep_nan(l1, l2);
+  const bool poisoned = max_poisoned(mx);  // a NaN or +inf lse: NaN, as float64 gives
   const float w1 = (l1 == -INFINITY) ? 0.f : __expf(l1 - mx);
   const float w2 = (l2 == -INFINITY) ? 0.f : __expf(l2 - mx);
   const float ws = w1 + w2;
@@ -218,11 +221,12 @@ __global__ void merge_states_kernel(const MergeStatesParams p) {
       const float b = (w2 > 0.f) ? w2 * to_float(o2[d]) : 0.f;
       r = (a + b) / ws;
     }
-    out[d] = from_float<T>(r);
+    out[d] = from_float<T>(poisoned ? NAN : r);
   }
   __syncthreads();
   if (threadIdx.x == 0 && p.lse_out)
-    p.lse_out[row * p.lo_row + h * p.lo_head] = (ws > 0.f) ? mx + logf(ws) : -INFINITY;
+    p.lse_out[row * p.lo_row + h * p.lo_head] =
+        poisoned ? NAN : (ws > 0.f) ? mx + logf(ws) : -INFINITY;
 }
 
 gpuError_t launch_merge_states(int32_t qt, const MergeStatesParams& p, gpuStream_t stream) {

@@ -142,6 +142,15 @@ __device__ __forceinline__ void load_floats(const T* p, float* out) {
   }
 }
 
+// The online softmax's rule for non-finite scores (docs/semantics.md section 5), as the CPU
+// backends keep it (kernels/runtime/softmax_rules.h): a NaN or +inf score poisons the row's
+// running maximum for good, and a poisoned row outputs NaN with log-sum-exp NaN. fmaxf drops
+// NaN; max_keep_nan keeps it.
+__device__ __forceinline__ bool max_poisoned(float m) { return !(m < INFINITY); }
+__device__ __forceinline__ float max_keep_nan(float a, float b) {
+  return (a != a || b != b) ? a + b : fmaxf(a, b);
+}
+
 }  // namespace pagedattn_gpu
 
 #endif  // PAGEDATTN_GPU_TYPES_CUH

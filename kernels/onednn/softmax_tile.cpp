@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kernels/cpu/convert.h"
+#include "kernels/runtime/softmax_rules.h"
 #include "onednn_internal.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -80,15 +81,31 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
         }
         sc = 1.0f;
       }
-      // Row maximum (scale > 0, so max(scale * s) = scale * max(s)).
+      // Row maximum (scale > 0, so max(scale * s) = scale * max(s)); NaN if a score is.
       int k = kb;
       auto vmax = hn::Set(d, kNegInf);
-      for (; k + N <= ke; k += N) vmax = hn::Max(vmax, hn::LoadU(d, s + k));
-      float mt = hn::GetLane(hn::MaxOfLanes(d, vmax));
-      for (; k < ke; ++k) mt = std::max(mt, s[k]);
+      auto nan = hn::IsNaN(vmax);
+      for (; k + N <= ke; k += N) {
+        const auto x = hn::LoadU(d, s + k);
+        vmax = hn::Max(vmax, x);
+        nan = hn::Or(nan, hn::IsNaN(x));
+      }
+      float mt = hn::AllFalse(d, nan) ? hn::GetLane(hn::MaxOfLanes(d, vmax))
+                                      : std::numeric_limits<float>::quiet_NaN();
+      for (; k < ke; ++k) mt = pa_runtime::max_keep_nan(mt, s[k]);
       mt *= sc;
       const float mold = a.m[r];
-      const float mnew = std::max(mold, mt);
+      const float mnew = pa_runtime::max_keep_nan(mold, mt);
+      // NaN or +inf: weights 0 and FinishRows writes NaN; -inf (every score so far -inf):
+      // weights 0, as for keys the row does not see.
+      if (pa_runtime::max_poisoned(mnew) || mnew == kNegInf) {
+        a.m[r] = mnew;
+        if (a.p_bf16)
+          memset(pb + kb, 0, sizeof(uint16_t) * static_cast<size_t>(ke - kb));
+        else
+          memset(pf + kb, 0, sizeof(float) * static_cast<size_t>(ke - kb));
+        continue;
+      }
       if (mold != mnew) {
         const float alpha = mold == kNegInf ? 0.0f : expf(mold - mnew);
         a.l[r] *= alpha;
@@ -148,7 +165,9 @@ void FinishRows(const float* acc, int ldA, const float* m, const float* l, int n
     for (int g = 0; g < nh; ++g) {
       const int r = t * nh + g;
       const float* x = acc + static_cast<size_t>(r) * ldA;
-      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const bool poisoned = pa_runtime::max_poisoned(m[r]);
+      const float inv = poisoned ? nan : l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
       char* op = static_cast<char*>(out) +
                  ((row0 + t) * out_row_stride + (h0 + g) * out_head_stride) * esz;
       int i = 0;
@@ -160,7 +179,7 @@ void FinishRows(const float* acc, int ldA, const float* m, const float* l, int n
       for (; i < D; ++i) pa_cpu::store_elem(op, i, dt, x[i] * inv, 1.0f);
       if (lse != nullptr)
         lse[(row0 + t) * lse_row_stride + (h0 + g) * lse_head_stride] =
-            l[r] > 0.0f ? m[r] + logf(l[r]) : kNegInf;
+            poisoned ? nan : l[r] > 0.0f ? m[r] + logf(l[r]) : kNegInf;
     }
   }
 }

@@ -168,9 +168,9 @@ float round_to(pagedattn_dtype dt, float x) {
 
 void store_poison(pagedattn_dtype dt, void* p) {
   switch (dt) {
-    case PAGEDATTN_DTYPE_FLOAT32: { uint32_t u = 0x7FC00000u; std::memcpy(p, &u, 4); break; }
-    case PAGEDATTN_DTYPE_FLOAT16: { uint16_t h = 0x7E00; std::memcpy(p, &h, 2); break; }
-    case PAGEDATTN_DTYPE_BFLOAT16: { uint16_t h = 0x7FC0; std::memcpy(p, &h, 2); break; }
+    case PAGEDATTN_DTYPE_FLOAT32: { uint32_t u = 0x7FD5A5A5u; std::memcpy(p, &u, 4); break; }
+    case PAGEDATTN_DTYPE_FLOAT16: { uint16_t h = 0x7E5A; std::memcpy(p, &h, 2); break; }
+    case PAGEDATTN_DTYPE_BFLOAT16: { uint16_t h = 0x7FD5; std::memcpy(p, &h, 2); break; }
     default: *static_cast<uint8_t*>(p) = 0x7F; break;
   }
 }

@@ -40,7 +40,8 @@ void store(pagedattn_dtype dt, void* p, float x);
 float load(pagedattn_dtype dt, const void* p);
 /* Rounds x through dt (what storing then loading gives). */
 float round_to(pagedattn_dtype dt, float x);
-/* A NaN bit pattern of dt (for poisoning outputs); for fp8 0xFF/0x7F. */
+/* A NaN bit pattern of dt (for poisoning outputs): quiet NaNs with a payload no arithmetic
+ * makes, so an output NaN that was written differs from one that was not; for fp8 0x7F. */
 void store_poison(pagedattn_dtype dt, void* p);
 pagedattn_dlpack_dtype dlpack_of(pagedattn_dtype dt);
 const char* dtype_str(pagedattn_dtype dt);
@@ -161,7 +162,10 @@ void ref_attend(const RefParams& p, int64_t nq, const float* q, const int64_t* q
  * section 7). */
 double tolerance(pagedattn_dtype dtype, pagedattn_dtype cache_dtype);
 
-/* Compares got against ref with tolerance tol on max|got-ref|/max|ref|; NaN always fails. */
+/* Compares got against ref with tolerance tol on max|got-ref|/max|ref| over the finite
+ * reference values; a non-finite reference value (a non-finite input, docs/semantics.md 5.9)
+ * must be matched exactly (NaN by NaN, an infinity by the same infinity), and a NaN anywhere
+ * else fails. */
 ::testing::AssertionResult check_close(const char* what, const std::vector<double>& ref,
                                        const std::vector<float>& got, double tol,
                                        double* err_out = nullptr);
@@ -171,6 +175,18 @@ struct SeqSpec {
   int32_t qlen = 1;
   int32_t ctx = 0;
   int32_t enc = 0; /* cross: encoder tokens */
+};
+
+/* One input element of a case overwritten after the random fill (for non-finite inputs): 'q'
+ * is query `pos` of sequence `seq`; 'k' and 'v' are the key/value at absolute position `pos` of
+ * the sequence (a context token the caller wrote before the step, or one of the step's own). h
+ * is a query head for 'q' and a KV head for 'k'/'v'. */
+struct Poke {
+  char what = 'q';
+  int seq = 0;
+  int64_t pos = 0;
+  int h = 0, d = 0;
+  float value = 0;
 };
 
 struct AttnCase {
@@ -195,6 +211,7 @@ struct AttnCase {
   bool via_update = false;   /* plan a different step with spare capacity, then batch_update */
   int32_t extra_blocks = 3;  /* blocks outside the batch */
   std::vector<SeqSpec> seqs;
+  std::vector<Poke> pokes;   /* decoder and encoder cases */
   std::string describe() const;
 };
 

@@ -36,7 +36,9 @@ void ref_attend(const RefParams& p, int64_t nq, const float* q, const int64_t* q
         if (p.soft_cap > 0) sc = p.soft_cap * std::tanh(sc / p.soft_cap);
         if (p.alibi) sc += static_cast<double>(p.alibi[h]) * static_cast<double>(j - qpos[i]);
         s[j] = sc;
-        m = std::max(m, sc);
+        // A NaN score makes the row's max NaN (as a float64 max over the row gives), and so
+        // its every weight, output and log-sum-exp.
+        if (std::isnan(sc) || sc > m) m = std::isnan(m) ? m : sc;
       }
       double* o = out + (i * p.H + h) * p.D;
       if (m == -INFINITY) {
@@ -76,13 +78,23 @@ double tolerance(pagedattn_dtype dtype, pagedattn_dtype cache_dtype) {
                                          << ref.size();
   }
   double maxref = 0;
-  for (double r : ref) maxref = std::max(maxref, std::fabs(r));
+  for (double r : ref)
+    if (std::isfinite(r)) maxref = std::max(maxref, std::fabs(r));
   if (maxref == 0) maxref = 1;
   double worst = 0;
   size_t wi = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
-    if (std::isnan(got[i])) {
-      return ::testing::AssertionFailure() << what << ": NaN at flat index " << i
+    if (!std::isfinite(ref[i])) {
+      const bool same = std::isnan(ref[i]) ? std::isnan(got[i]) : got[i] == ref[i];
+      if (!same) {
+        return ::testing::AssertionFailure() << what << ": flat index " << i << " is " << got[i]
+                                             << ", reference " << ref[i]
+                                             << " (a non-finite input must propagate)";
+      }
+      continue;
+    }
+    if (!std::isfinite(got[i])) {
+      return ::testing::AssertionFailure() << what << ": " << got[i] << " at flat index " << i
                                            << " (reference " << ref[i] << ")";
     }
     const double e = std::fabs(static_cast<double>(got[i]) - ref[i]);
@@ -311,6 +323,20 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
   for (float& x : qf) x = round_to(c.dtype, gauss());
   for (float& x : kf) x = round_to(c.dtype, gauss());
   for (float& x : vf) x = round_to(c.dtype, gauss());
+  // Pokes on the step's own rows; those on context tokens are applied where they are written.
+  for (const Poke& pk : c.pokes) {
+    if (pk.seq < 0 || pk.seq >= nseq) continue;
+    const SeqSpec& s = c.seqs[pk.seq];
+    if (pk.what == 'q') {
+      if (pk.pos < s.qlen)
+        qf[(static_cast<size_t>(qstart[pk.seq] + pk.pos) * H + pk.h) * D + pk.d] = pk.value;
+      continue;
+    }
+    const int64_t step_pos = pk.pos - (decoder ? s.ctx : 0);
+    if (step_pos < 0 || step_pos >= kstart[pk.seq + 1] - kstart[pk.seq]) continue;
+    auto& dst = pk.what == 'k' ? kf : vf;
+    dst[(static_cast<size_t>(kstart[pk.seq] + step_pos) * Hkv + pk.h) * D + pk.d] = pk.value;
+  }
 
   // The cache.
   pagedattn_kv_cache* cache = nullptr;
@@ -376,6 +402,17 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
     }
     // Random contents everywhere (other layers, blocks outside the batch, slot tails).
     for (size_t o = 0; o < img.bytes.size(); o += img.es) store(cdt, &img.bytes[o], gauss());
+    // Pokes past a sequence's last token, in the tail of its last block: stale slots no
+    // attention may read.
+    if (decoder)
+      for (const Poke& pk : c.pokes) {
+        if (pk.what == 'q' || pk.seq < 0 || pk.seq >= nseq) continue;
+        const SeqSpec& s = c.seqs[pk.seq];
+        if (pk.pos < s.ctx + s.qlen || pk.pos / bs >= self_need[pk.seq]) continue;
+        const int64_t slot = self_slot(pk.seq, pk.pos);
+        img.set(static_cast<int>(slot / bs), c.layer, pk.what == 'k' ? 0 : 1,
+                static_cast<int>(slot % bs), pk.h, pk.d, pk.value);
+      }
     std::vector<int32_t> all(nb);
     std::iota(all.begin(), all.end(), 0);
     st = pagedattn_kv_cache_load_blocks(cache, all.data(), all.size(), img.bytes.data(),
@@ -401,6 +438,9 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
         for (int64_t p = 0; p < s.ctx; ++p) {
           for (auto& x : tk) x = round_to(c.dtype, gauss());
           for (auto& x : tv) x = round_to(c.dtype, gauss());
+          for (const Poke& pk : c.pokes)
+            if (pk.seq == i && pk.pos == p && pk.what != 'q')
+              (pk.what == 'k' ? tk : tv)[static_cast<size_t>(pk.h) * D + pk.d] = pk.value;
           add_pre(self_slot(i, p), tk.data(), tv.data());
         }
       }
@@ -776,12 +816,31 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
       for (int d = 0; d < D; ++d) got_out[(t * H + h) * D + d] = out.get(t, h, d);
       got_lse[t * H + h] = lse->get(t, h, 0);
     }
+  if (!c.pokes.empty()) {
+    // The poison is a NaN too: a NaN the reference expects must have been written.
+    uint8_t poison[4];
+    store_poison(c.dtype, poison);
+    for (int64_t t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h)
+        for (int d = 0; d < D; ++d)
+          if (std::memcmp(&out.buf().host()[out.elem_offset(t, h, d) * es_m], poison, es_m) == 0)
+            return ::testing::AssertionFailure() << "out[" << t << "][" << h << "][" << d
+                                                 << "] still holds the poison: not written";
+  }
   CaseResult cr;
   auto r = check_close("out", ref_out, got_out, tolerance(c.dtype, cdt), &cr.err);
   if (!r) return r;
   if (c.lse) {
     const double ltol = tolerance(c.dtype, cdt) * 10;
     for (size_t i = 0; i < ref_lse.size(); ++i) {
+      if (std::isnan(ref_lse[i])) {  // a row that reads a non-finite score
+        if (!std::isnan(got_lse[i])) {
+          return ::testing::AssertionFailure() << "lse[" << i / H << "][" << i % H << "] = "
+                                               << got_lse[i] << ", reference NaN (a row that "
+                                               << "reads a non-finite score)";
+        }
+        continue;
+      }
       if (std::isinf(ref_lse[i])) {  // a row that sees no key
         if (!(std::isinf(got_lse[i]) && got_lse[i] < 0)) {
           return ::testing::AssertionFailure() << "lse[" << i / H << "][" << i % H << "] = "
