@@ -208,6 +208,24 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
       a.k.dim = a.v.dim = D;
     }
     if (lse) a.lse = pa::resolve_lse(lse, "lse", T, H, dev);
+    if (c && o.write_kv && kv_rows > 0) {
+      /* Two rows of one write into one slot: which would land is not defined, so refuse. */
+      const int64_t* rep = cross ? h->plan.cross_slot_repeat : h->plan.slot_repeat;
+      if (rep[0] >= 0) {
+        const std::vector<int64_t>& slots = cross ? h->plan.cross_slots : h->plan.slots;
+        const int64_t s = slots[static_cast<size_t>(rep[0])];
+        const int32_t bs = c->desc.block_size;
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                 "write_kv: %s rows %lld and %lld of this batch both write slot %lld (block "
+                 "%lld, offset %lld) of the %scache; a call writes each slot at most once "
+                 "(block tables that share a block both write into, or a repeated slot_mapping "
+                 "entry)",
+                 cross ? "encoder k/v" : "token", static_cast<long long>(rep[0]),
+                 static_cast<long long>(rep[1]), static_cast<long long>(s),
+                 static_cast<long long>(s / bs), static_cast<long long>(s % bs),
+                 cross ? "cross " : "");
+      }
+    }
     if (c) {
       const pagedattn_dtype cdt = c->desc.dtype;
       const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;

@@ -442,6 +442,7 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
                    static_cast<long long>(t), static_cast<long long>(s),
                    static_cast<long long>(limit));
       }
+      pa::check_distinct_slots(slots, i64, n, "slot_mapping");
     }
     if (n == 0) return;
     a.cache = &c->pc;

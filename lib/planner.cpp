@@ -39,6 +39,25 @@ int64_t pick_cap(int64_t given, int64_t actual, const char* field) {
 }
 
 /* Update: the batch must fit the capacities planned at create. */
+/* rep = the two rows of the first slot (in slot order) that two rows share; -1s if none.
+ * Padding rows (-1) share nothing. */
+void find_slot_repeat(const std::vector<int64_t>& slots, int64_t rep[2]) {
+  rep[0] = rep[1] = -1;
+  std::vector<int64_t> order;
+  order.reserve(slots.size());
+  for (size_t t = 0; t < slots.size(); ++t)
+    if (slots[t] >= 0) order.push_back(static_cast<int64_t>(t));
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return slots[a] != slots[b] ? slots[a] < slots[b] : a < b;
+  });
+  for (size_t k = 1; k < order.size(); ++k)
+    if (slots[order[k]] == slots[order[k - 1]]) {
+      rep[0] = order[k - 1];
+      rep[1] = order[k];
+      return;
+    }
+}
+
 void check_cap(int64_t actual, int64_t cap, const char* what, const char* field) {
   if (actual > cap)
     fail(PAGEDATTN_ERROR_CAPACITY, "%s %lld > %s %lld the batch was planned for", what,
@@ -282,6 +301,8 @@ void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& c
     out.cross_tables.clear();
     out.cross_slots.clear();
   }
+  find_slot_repeat(out.slots, out.slot_repeat);
+  find_slot_repeat(out.cross_slots, out.cross_slot_repeat);
 }
 
 void reserve_plan(Plan& p, const PlanCaps& caps, const Geometry& self, const Geometry& cross) {
@@ -345,6 +366,8 @@ void copy_plan(Plan& dst, const Plan& src) {
   dst.has_chunked_prefill = src.has_chunked_prefill;
   dst.num_decode = src.num_decode;
   dst.num_prefill = src.num_prefill;
+  std::copy(src.slot_repeat, src.slot_repeat + 2, dst.slot_repeat);
+  std::copy(src.cross_slot_repeat, src.cross_slot_repeat + 2, dst.cross_slot_repeat);
 }
 
 void fill_pa_batch(pa_batch& pb, const Plan& p, const PlanCaps& caps, const Geometry& self,

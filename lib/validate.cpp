@@ -283,6 +283,24 @@ void check_ids(const int32_t* arr, size_t n, size_t step, size_t offset, int32_t
   }
 }
 
+void check_distinct_slots(const void* slots, bool i64, int64_t n, const char* arrname) {
+  if (n < 2) return;
+  std::vector<std::pair<int64_t, int64_t>> v;
+  v.reserve(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t s = i64 ? static_cast<const int64_t*>(slots)[t]
+                          : static_cast<const int32_t*>(slots)[t];
+    if (s >= 0) v.emplace_back(s, t);
+  }
+  std::sort(v.begin(), v.end());
+  for (size_t k = 1; k < v.size(); ++k)
+    if (v[k].first == v[k - 1].first)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "%s[%lld] and %s[%lld] are both slot %lld; a call writes each slot at most once",
+           arrname, static_cast<long long>(v[k - 1].second), arrname,
+           static_cast<long long>(v[k].second), static_cast<long long>(v[k].first));
+}
+
 void check_unique(const int32_t* arr, size_t n, size_t step, size_t offset, const char* arrname,
                   const char* role) {
   if (n < 2) return;

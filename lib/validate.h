@@ -53,6 +53,9 @@ std::string head_size_list(uint32_t mask);
  * ("num_blocks", "src num_blocks"). */
 void check_ids(const int32_t* arr, size_t n, size_t step, size_t offset, int32_t num_blocks,
                const char* arrname, const char* limit_name);
+/* Refuses a slot (>= 0) that two of the n entries of a host slot mapping (int64 if i64, else
+ * int32) share, naming both entries: which row would land is not defined. */
+void check_distinct_slots(const void* slots, bool i64, int64_t n, const char* arrname);
 /* Refuses a repeated id among arr[offset], arr[offset + step], ... (n entries), naming arr. */
 void check_unique(const int32_t* arr, size_t n, size_t step, size_t offset, const char* arrname,
                   const char* role);

@@ -595,6 +595,24 @@ TEST_F(CacheWrite, SlotsOutOfRangeWriteNothing) {
   }
 }
 
+TEST_F(CacheWrite, RepeatedSlotWritesNothing) {
+  // A host mapping naming one slot twice is refused before anything is written (which row would
+  // land is not defined); -1 padding may repeat.
+  for (int bits : {64, 32}) {
+    EXPECT_TRUE(status_is(pagedattn_kv_cache_write(c, 0, k->t(), v->t(),
+                                                   slot_tensor({7, -1, 7}, bits, true), 1.f, 1.f,
+                                                   nullptr),
+                          PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                          "slot_mapping[0] and slot_mapping[2] are both slot 7"))
+        << "int" << bits;
+    EXPECT_TRUE(unchanged());
+  }
+  EXPECT_EQ(pagedattn_kv_cache_write(c, 0, k->t(), v->t(), slot_tensor({-1, 3, -1}, 64, true), 1.f,
+                                     1.f, nullptr),
+            PAGEDATTN_OK)
+      << pat::last_error();
+}
+
 TEST_F(CacheWrite, Refusals) {
   pagedattn_tensor* good = slot_tensor({0, -1, 5});
   EXPECT_TRUE(status_is(pagedattn_kv_cache_write(nullptr, 0, k->t(), v->t(), good, 1, 1, nullptr),

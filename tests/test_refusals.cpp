@@ -357,6 +357,67 @@ TEST_F(ForwardRefusal, AttentionTypeRules) {
   });
 }
 
+TEST_F(ForwardRefusal, TwoRowsWritingOneSlot) {
+  // Tokens 1 and 3 both land in slot 6 * 16 + 6: the tables share block 6, which both sequences
+  // reach. Reading such a batch is fine; writing it is refused (which row would land?).
+  pagedattn_batch* shared = plan({3, 1}, {5, 6}, {6, 0, 6, 0}, 2, cache, nullptr, nullptr);
+  ASSERT_NE(shared, nullptr);
+  refused("tables sharing a written block", PAGEDATTN_ERROR_INVALID_ARGUMENT,
+          "write_kv: token rows 1 and 3 of this batch both write slot 102 (block 6, offset 6)",
+          [&] {
+            return pagedattn_forward(be, shared, cache, 0, &opts, q->t(), k->t(), v->t(),
+                                     out->t(), lse->t(), nullptr);
+          });
+  opts.write_kv = 0;
+  EXPECT_EQ(pagedattn_forward(be, shared, cache, 0, &opts, q->t(), nullptr, nullptr, out->t(),
+                              lse->t(), nullptr),
+            PAGEDATTN_OK)
+      << "reading a batch whose tokens share a slot: " << pat::last_error();
+  opts.write_kv = 1;
+
+  // A caller slot mapping that repeats a slot.
+  std::vector<int32_t> ql = {3, 1}, cl = {5, 20}, tab = {6, 0, 2, 4};
+  std::vector<int64_t> sm = {101, 102, 103, 101};
+  pagedattn_batch_desc bd;
+  pagedattn_batch_desc_init(&bd);
+  bd.num_seqs = 2;
+  bd.query_lens = ql.data();
+  bd.context_lens = cl.data();
+  bd.block_tables = tab.data();
+  bd.block_table_stride = 2;
+  bd.slot_mapping = sm.data();
+  pagedattn_batch* repeated = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&repeated, be, cache, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  batches_.push_back(repeated);
+  refused("a repeated slot_mapping entry", PAGEDATTN_ERROR_INVALID_ARGUMENT,
+          "write_kv: token rows 0 and 3 of this batch both write slot 101", [&] {
+            return pagedattn_forward(be, repeated, cache, 0, &opts, q->t(), k->t(), v->t(),
+                                     out->t(), lse->t(), nullptr);
+          });
+
+  // Cross: both sequences at their first step, their cross tables sharing block 1.
+  std::vector<int32_t> el = {2, 3}, zero = {0, 0}, xt = {1, 3, 1, 7};
+  bd.slot_mapping = nullptr;
+  bd.context_lens = zero.data();
+  bd.encoder_lens = el.data();
+  bd.cross_block_tables = xt.data();
+  bd.cross_block_table_stride = 2;
+  pagedattn_batch* xshared = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&xshared, be, cache, cache, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  batches_.push_back(xshared);
+  opts.attention_type = PAGEDATTN_ATTENTION_CROSS;
+  pat::Tensor xk(dev, PAGEDATTN_DTYPE_FLOAT16, 5, HKV, D), xv(dev, PAGEDATTN_DTYPE_FLOAT16, 5, HKV, D);
+  refused("cross tables sharing a written block", PAGEDATTN_ERROR_INVALID_ARGUMENT,
+          "write_kv: encoder k/v rows 0 and 2 of this batch both write slot 16 (block 1, offset "
+          "0) of the cross cache",
+          [&] {
+            return pagedattn_forward(be, xshared, cache, 0, &opts, q->t(), xk.t(), xv.t(),
+                                     out->t(), lse->t(), nullptr);
+          });
+}
+
 TEST_F(ForwardRefusal, Fp8ScalesAndDtypeCombinations) {
   // An fp8 cache planned like the f16 one.
   pagedattn_kv_cache* fp8 = make_cache(PAGEDATTN_DTYPE_FP8_E4M3, NB, BS);

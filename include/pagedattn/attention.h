@@ -81,7 +81,9 @@ PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(pagedattn_attent
  * negative or not finite, k/v scales not finite and > 0, write_kv not 0 or 1, flags != 0, ALiBi or
  * a window with a non-decoder type, ENCODER types with context_len > 0, write_kv with
  * ENCODER_ONLY, CROSS with a batch planned without encoder_lens, a batch planned without the
- * cache, a cache whose block size or count differs from the one planned),
+ * cache, a cache whose block size or count differs from the one planned, write_kv with a batch
+ * in which two tokens, or two encoder rows, write one slot: block tables that share a block both
+ * write into, or a repeated slot_mapping entry),
  * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, stride; ALiBi slopes not float32 [H]),
  * PAGEDATTN_ERROR_WRONG_DEVICE (a tensor off the backend's device, a host cache),
  * PAGEDATTN_ERROR_OUT_OF_RANGE (layer), PAGEDATTN_ERROR_OVERFLOW (a tensor whose strides or

@@ -9,7 +9,9 @@
  *
  * Token j of sequence i sits at position p = context_lens[i] + j, in slot
  * table[i][p / block_size] * block_size + p % block_size. The library computes this slot mapping
- * (pagedattn_batch_get_slot_mapping) unless the caller passes its own.
+ * (pagedattn_batch_get_slot_mapping) unless the caller passes its own. Two tokens of a batch may
+ * share a slot (sequences whose tables share a block they both reach), but a forward that writes
+ * k/v (write_kv) refuses such a batch: a call writes each slot at most once.
  *
  * Cross attention (encoder-decoder): encoder_lens[i] encoder tokens of sequence i live in a cross
  * cache at positions 0..encoder_lens[i]-1 through cross_block_tables. Their K/V are written once,

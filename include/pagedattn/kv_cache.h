@@ -133,17 +133,21 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_layer(void** k, void** v,
  * int32 or int64 tensor of T entries; -1 means padding (skipped). On fp8 caches values are
  * divided by k_scale / v_scale (must be finite and > 0) before rounding; otherwise the scales are
  * ignored.
+ * A call writes each slot at most once: which of two rows naming one slot would land is not
+ * defined.
  * A host slot mapping (CPU or pinned host memory) is checked before anything is written: a slot
- * < -1 or >= num_blocks*block_size gives PAGEDATTN_ERROR_OUT_OF_RANGE and writes nothing. A slot
- * mapping in GPU memory cannot be read without a host sync: GPU backends then check each slot in
- * the kernel and never write out of range, skipping bad slots.
+ * < -1 or >= num_blocks*block_size gives PAGEDATTN_ERROR_OUT_OF_RANGE, a slot named by two
+ * entries PAGEDATTN_ERROR_INVALID_ARGUMENT (naming both), and nothing is written. A slot mapping
+ * in GPU memory cannot be read without a host sync: GPU backends then check each slot in the
+ * kernel and never write out of range, skipping bad slots; a repeated slot there is not
+ * detected, and leaves each element of that slot holding the value of one of its rows.
  * Runs on `stream` (NULL = default; ignored on CPU). Returns PAGEDATTN_ERROR_NULL_POINTER
  * (cache, key, value, slot_mapping, or a tensor's data with elements),
  * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, strides; slot_mapping not 1-D int32/int64 with
  * unit stride), PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_OUT_OF_RANGE (layer or slot),
  * PAGEDATTN_ERROR_OVERFLOW (a tensor whose strides or byte_offset make element or byte offsets
  * overflow int64), PAGEDATTN_ERROR_UNSUPPORTED (a key dtype other than the cache's on a non-fp8
- * cache, or one the backend lacks), PAGEDATTN_ERROR_INVALID_ARGUMENT (scales),
+ * cache, or one the backend lacks), PAGEDATTN_ERROR_INVALID_ARGUMENT (scales, a repeated slot),
  * PAGEDATTN_ERROR_INVALID_HANDLE (cache destroyed), PAGEDATTN_ERROR_DEVICE. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cache, int32_t layer,
                                                        const pagedattn_tensor* key,
