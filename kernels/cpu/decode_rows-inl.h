@@ -428,12 +428,13 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
   bool any = false;
   for (int t = 0; t < ntok; ++t) {
     const int64_t lo = item_row_lo(it, t), hi = item_row_hi(it, t);
-    const int64_t pos = static_cast<int64_t>(it.pos_offset) + it.tok0 + t;
+    const int64_t pos = item_pos(it, t);
     for (int g = 0; g < nh; ++g) {
       const int r = t * nh + g;
       float* s = sc->s + r * kKeyTile;
       if (sfac != 1.0f) scale_row(s, sfac, kKeyTile);
-      const float slope = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
+      const bool alibi = it.alibi != nullptr;
+      const float slope = alibi ? it.alibi[it.h0 + g] : 0.0f;
       float mt = kNegInf;
       if (plain && lo <= kt0 && kt0 + nk - 1 <= hi) {  // whole tile visible, nothing to add
         int k = 0;
@@ -455,12 +456,7 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
         for (int k = 0; k < nk; ++k) {
           const int64_t kp = kt0 + k;
           float x = s[k];
-          if (kp < lo || kp > hi) {
-            x = kNegInf;
-          } else {
-            if (it.soft_cap > 0.0f) x = it.soft_cap * tanhf(x / it.soft_cap);
-            if (it.alibi != nullptr) x += slope * static_cast<float>(kp - pos);
-          }
+          x = kp < lo || kp > hi ? kNegInf : logit(x, it.soft_cap, alibi, slope, kp, pos);
           s[k] = x;
           mt = max_keep_nan(mt, x);
         }

@@ -26,6 +26,7 @@
 
 #include "convert-inl.h"
 #include "tile-inl.h"
+#include "variant-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pa_cpu {
@@ -101,16 +102,6 @@ HWY_INLINE void wide_accumulate(float* HWY_RESTRICT accT, const float* HWY_RESTR
   }
 }
 
-// First and last (inclusive) key token t of the item may see: causal rule and sliding window.
-HWY_INLINE int64_t item_row_lo(const AttnItem& it, int t) {
-  if (!it.causal || it.window <= 0) return 0;
-  return std::max<int64_t>(0, static_cast<int64_t>(it.pos_offset) + it.tok0 + t - it.window + 1);
-}
-HWY_INLINE int64_t item_row_hi(const AttnItem& it, int t) {
-  if (!it.causal) return it.num_keys - 1;
-  return std::min<int64_t>(it.num_keys - 1, static_cast<int64_t>(it.pos_offset) + it.tok0 + t);
-}
-
 // Key range and masking data of the row-vectorised paths' rows [0, Rp): per row its visible keys
 // [lo, hi], position and ALiBi slope, m = -inf, l = 0; padding rows see nothing.
 struct WideRows {
@@ -136,7 +127,7 @@ HWY_INLINE WideRows wide_rows(const AttnItem& it, Scratch* sc, int Rp) {
     const int64_t hi = std::min(it.key1 - 1, item_row_hi(it, t));
     sc->lo[r] = static_cast<int32_t>(lo);
     sc->hi[r] = static_cast<int32_t>(hi);
-    sc->posf[r] = static_cast<float>(static_cast<int64_t>(it.pos_offset) + it.tok0 + t);
+    sc->posf[r] = static_cast<float>(item_pos(it, t));
     sc->slope[r] = it.alibi != nullptr ? it.alibi[it.h0 + g] : 0.0f;
     w.kbeg = std::min(w.kbeg, lo);
     w.kend = std::max(w.kend, hi + 1);
@@ -175,16 +166,13 @@ HWY_INLINE hn::Vec<DF> wide_mask_max(const AttnItem& it, Scratch* sc, int64_t kt
   const auto posf = hn::Load(d, sc->posf + o), slope = hn::Load(d, sc->slope + o);
   const auto cap = hn::Set(d, it.soft_cap);
   const auto inv_cap = hn::Set(d, it.soft_cap > 0.0f ? 1.0f / it.soft_cap : 0.0f);
+  const bool alibi = it.alibi != nullptr;
   for (int k = 0; k < nk; ++k) {
     float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
     auto x = hn::Load(d, sp);
     if (sfac != 1.0f) x = hn::Mul(x, vsfac);
-    if (it.soft_cap > 0.0f) x = hn::Mul(cap, hn::Tanh(d, hn::Mul(x, inv_cap)));
-    if (it.alibi != nullptr)
-      x = hn::MulAdd(slope, hn::Sub(hn::Set(d, static_cast<float>(kt0 + k)), posf), x);
-    const auto kp = hn::Set(di, static_cast<int32_t>(kt0 + k));
-    const auto vis = hn::RebindMask(d, hn::And(hn::Not(hn::Lt(kp, lo)), hn::Not(hn::Lt(hi, kp))));
-    x = hn::IfThenElse(vis, x, ninf);
+    x = rows_logits(d, x, it.soft_cap, cap, inv_cap, alibi, slope, kt0 + k, posf);
+    x = hn::IfThenElse(hn::RebindMask(d, rows_see(di, kt0 + k, lo, hi)), x, ninf);
     hn::Store(x, d, sp);
     mt = hn::Max(mt, x);
     nan = hn::Or(nan, hn::IsNaN(x));

@@ -14,6 +14,7 @@
 #include "gpu_kernels.h"
 #include "instantiations.h"
 #include "types.cuh"
+#include "variant.cuh"
 
 #if defined(PA_CUDA)
 #include <cuda_bf16.h>
@@ -155,17 +156,9 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   const int row0 = p.query_start[seq] + it.t0;
   const int rows_used = it.tlen * hpc;
 
-  int kv_len;
-  if (p.kind == kDecoder) kv_len = ctx + qlen;
-  else if (p.kind == kEncoder) kv_len = qlen;
-  else kv_len = p.encoder_lens[seq];
-  int lo = max(it.kv_begin, 0);
-  int hi = min(it.kv_end, kv_len);
   const int pos_first = ctx + it.t0;
-  if (p.kind == kDecoder) {
-    hi = min(hi, pos_first + it.tlen);
-    if (p.window > 0) lo = max(lo, pos_first - p.window + 1);
-  }
+  const KeyRange keys = item_keys(p, it, seq, ctx, qlen, pos_first);
+  const int lo = keys.lo, hi = keys.hi;
 
   // Stage the queries (zero rows and tails so padded lanes contribute nothing).
   for (int i = tid; i < R * QROW; i += NT) {
@@ -289,13 +282,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
         const int ti = r / hpc, gi = r % hpc;
         float s = kNegInf;
         if (key < nk && r < rows_used && gi < gh) {
-          s = dots[j] * p.scale;
-          if (p.soft_cap > 0.f) s = p.soft_cap * tanhf(s / p.soft_cap);
-          const int qpos = pos_first + ti;
-          if (p.alibi) s += p.alibi[h0 + gi] * static_cast<float>(kpos - qpos);
-          if (p.kind == kDecoder) {
-            if (kpos > qpos || (p.window > 0 && qpos - kpos >= p.window)) s = kNegInf;
-          }
+          s = variant_logit(p, dots[j] * p.scale, h0 + gi, kpos, pos_first + ti);
         }
         ss[r * SS + key] = s;
       }
@@ -488,17 +475,9 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
   const int row_tiles = (rows_used + 15) / 16;
   const int dtiles = (D + 15) / 16;
 
-  int kv_len;
-  if (p.kind == kDecoder) kv_len = ctx + qlen;
-  else if (p.kind == kEncoder) kv_len = qlen;
-  else kv_len = p.encoder_lens[seq];
-  int lo = max(it.kv_begin, 0);
-  int hi = min(it.kv_end, kv_len);
   const int pos_first = ctx + it.t0;
-  if (p.kind == kDecoder) {
-    hi = min(hi, pos_first + it.tlen);
-    if (p.window > 0) lo = max(lo, pos_first - p.window + 1);
-  }
+  const KeyRange keys = item_keys(p, it, seq, ctx, qlen, pos_first);
+  const int lo = keys.lo, hi = keys.hi;
 
   for (int i = tid; i < R * DP; i += NT) {
     const int r = i / DP, d = i % DP;
@@ -570,12 +549,7 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
       const int ti = r / hpc, gi = r % hpc;
       float s = kNegInf;
       if (key < nk && gi < gh) {
-        s = ss[r * LDS + key] * p.scale;
-        if (p.soft_cap > 0.f) s = p.soft_cap * tanhf(s / p.soft_cap);
-        const int kpos = c0 + key, qpos = pos_first + ti;
-        if (p.alibi) s += p.alibi[h0 + gi] * static_cast<float>(kpos - qpos);
-        if (p.kind == kDecoder && (kpos > qpos || (p.window > 0 && qpos - kpos >= p.window)))
-          s = kNegInf;
+        s = variant_logit(p, ss[r * LDS + key] * p.scale, h0 + gi, c0 + key, pos_first + ti);
       }
       ss[r * LDS + key] = s;
     }

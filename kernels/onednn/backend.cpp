@@ -28,6 +28,7 @@
 
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/variant.h"
 #include "kernels/runtime/host_alloc.h"
 #include "kernels/runtime/spin.h"
 #include "onednn_internal.h"
@@ -203,11 +204,8 @@ void tile_item(Backend* be, Worker& w, const TileItem& it, bool bf16) {
   const int nh = it.h1 - it.h0, ntok = it.tok1 - it.tok0, rows = nh * ntok;
   const int M = pow2_at_least(rows, kMinTile, kMaxM);
   const int64_t pos0 = static_cast<int64_t>(it.pos_offset) + it.tok0;
-  int64_t kbeg = 0, kend = it.num_keys;
-  if (it.causal) {
-    kend = std::min<int64_t>(kend, pos0 + ntok);
-    if (it.window > 0) kbeg = std::max<int64_t>(0, pos0 - it.window + 1);
-  }
+  const int64_t kbeg = pa_cpu::visible_lo(it.causal, it.window, pos0);
+  const int64_t kend = pa_cpu::visible_hi(it.causal, pos0 + ntok - 1, it.num_keys) + 1;
   const int TK = pow2_at_least(kend - kbeg, kMinTile, kTK);
   TileMems& tm = mems_for(be, w, M, TK, D, bf16);
   const size_t osz = bf16 ? 2 : 4;

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/variant.h"
 #include "kernels/runtime/softmax_rules.h"
 #include "onednn_internal.h"
 
@@ -44,11 +45,8 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
   for (int t = 0; t < a.ntok; ++t) {
     const int64_t pos = a.pos0 + t;
     // Visible keys of this token: [lo, hi] absolute, contiguous; clipped to the tile's [0, nk).
-    int64_t lo = 0, hi = a.kt0 + a.nk - 1;
-    if (a.causal) {
-      hi = std::min(hi, pos);
-      if (a.window > 0) lo = std::max<int64_t>(0, pos - a.window + 1);
-    }
+    const int64_t lo = pa_cpu::visible_lo(a.causal, a.window, pos);
+    const int64_t hi = pa_cpu::visible_hi(a.causal, pos, a.kt0 + a.nk);
     const int kb = static_cast<int>(std::max<int64_t>(0, lo - a.kt0));
     const int ke = static_cast<int>(std::max<int64_t>(kb, std::min<int64_t>(a.nk, hi - a.kt0 + 1)));
     for (int g = 0; g < a.nh; ++g) {
@@ -72,13 +70,10 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
       float sc = a.scale;
       if (!plain) {
         scale_row(s + kb, a.scale, ke - kb);
-        if (a.soft_cap > 0.0f) {
-          for (int k = kb; k < ke; ++k) s[k] = a.soft_cap * tanhf(s[k] / a.soft_cap);
-        }
-        if (a.alibi != nullptr) {
-          const float slope = a.alibi[g];
-          for (int k = kb; k < ke; ++k) s[k] += slope * static_cast<float>(a.kt0 + k - pos);
-        }
+        const bool alibi = a.alibi != nullptr;
+        const float slope = alibi ? a.alibi[g] : 0.0f;
+        for (int k = kb; k < ke; ++k)
+          s[k] = pa_cpu::logit(s[k], a.soft_cap, alibi, slope, a.kt0 + k, pos);
         sc = 1.0f;
       }
       // Row maximum (scale > 0, so max(scale * s) = scale * max(s)); NaN if a score is.
