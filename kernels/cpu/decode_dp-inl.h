@@ -36,9 +36,103 @@ using DF = hn::ScalableTag<float>;
 
 #ifdef PA_DP  // AVX3_DL (decode_bf16-inl.h)
 
+// How AttentionItemDp runs a KV head's G rows (of `rows`, kvn heads). Scores: passes of 4 rows,
+// then 2, then 1, except that a last group of 3 is scored as 4 in one-head items (no slower than
+// 2 and 1) and on fp8 caches, which convert K once per pass, so one pass of 4 converts half what
+// passes of 2 and 1 do; passes of 8 rows are slower. A padded pass runs into the next head's
+// rows, whose own pass comes later and overwrites those scores, or into zero rows after the
+// item's last (q16 and the scores have kMaxRows rows; no padding where it would not fit): rows_s
+// rows are staged. P.V: 4 rows at a time, but a last 5 in one pass, so their V rows are read
+// (and converted) once.
+struct DpPasses {
+  int pass_rows[kMaxRows], pv_rows[kMaxRows];
+  int npass, npv, rows_s;
+};
+HWY_INLINE DpPasses dp_passes(int G, int rows, int kvn, bool fp8) {
+  DpPasses p;
+  p.npass = 0;
+  int G_s = 0;
+  for (int left = G; left > 0;) {
+    const int exact = left >= 4 ? 4 : (left >= 2 ? 2 : 1);
+    int R = left == 3 && (kvn == 1 || fp8) ? 4 : exact;
+    if (rows - G + G_s + R > kMaxRows) R = exact;  // padding past the last head would not fit
+    p.pass_rows[p.npass++] = R;
+    G_s += R;
+    left -= std::min(R, left);
+  }
+  p.rows_s = rows - G + G_s;
+  p.npv = 0;
+  for (int left = G; left > 0; left -= p.pv_rows[p.npv++])
+    p.pv_rows[p.npv] = left == 5 ? 5 : std::min(left, 4);
+  return p;
+}
+
+// Stages AttentionItemDp's rows: q as bf16 in K's element order (fp8: dp_q_row_fp8's), rows at
+// stride Dq words in q16 and zero past D; rows [rows, rows_s) of padding all zero; the
+// accumulators, m, l and the lane sums lv cleared. qf: float staging of one q row.
+PA_DP_ATTR HWY_INLINE void dp_stage_rows(const AttnItem& it, Scratch* sc, uint16_t* q16,
+                                         float* qf, int rows, int rows_s, int Dq, bool fp8) {
+  const int D = it.head_size;
+  const int nh = it.h1 - it.h0;
+  for (int r = 0; r < rows_s; ++r) {
+    uint16_t* qr = q16 + static_cast<size_t>(r) * Dq;
+    if (r >= rows) {
+      memset(qr, 0, sizeof(uint16_t) * static_cast<size_t>(Dq));
+      continue;
+    }
+    const int t = r / nh, g = r % nh;
+    const char* qp = item_q(it, t, g);
+    if (it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && !fp8) {
+      memcpy(qr, qp, sizeof(uint16_t) * static_cast<size_t>(D));
+      memset(qr + D, 0, sizeof(uint16_t) * static_cast<size_t>(Dq - D));
+    } else {
+      load_row(qp, it.dtype, 1.0f, qf, D);
+      memset(qf + D, 0, sizeof(float) * static_cast<size_t>(Dq - D));
+      dp_q_row_fp8(qf, Dq, qr);
+    }
+    memset(sc->acc + static_cast<size_t>(r) * Dq, 0, sizeof(float) * static_cast<size_t>(Dq));
+    sc->m[r] = -std::numeric_limits<float>::infinity();
+    sc->l[r] = 0.0f;
+    _mm512_store_ps(sc->lv + 16 * r, _mm512_setzero_ps());
+  }
+}
+
+// AttentionItemDp's output pass: the accumulators back to natural dim order (times the V scale
+// of fp8), then each row normalised (write_rows).
+template <int DT>
+PA_DP_ATTR HWY_INLINE void dp_write_rows(const AttnItem& it, Scratch* sc, int rows, int Dq) {
+  const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
+  for (int r = 0; r < rows; ++r) {
+    float* a = sc->acc + static_cast<size_t>(r) * Dq;
+    dp_unpermute<DT>(a, sc->q, Dq, vf);
+    memcpy(a, sc->q, sizeof(float) * static_cast<size_t>(it.head_size));
+  }
+  write_rows(it, sc->acc, sc->m, sc->l, Dq);
+}
+
+// AttentionItemDp's AMX operands, in sc->q (free between the q rows and the output pass): the q
+// operands (rows * Dq * 2 bytes <= 32 KiB), K rows as bf16 (<= 8 KiB), one tile of scores, and V
+// of a tile as tile B operands for P.V (32 keys x Dq bf16, <= 16 KiB).
+struct DpAmxScratch {
+  uint32_t* q;
+  uint16_t* k;
+  float* c;
+  uint16_t* v;
+  explicit DpAmxScratch(Scratch* sc)
+      : q(reinterpret_cast<uint32_t*>(sc->q)),
+        k(reinterpret_cast<uint16_t*>(sc->q + kMaxRows * kMaxHeadSize / 2)),
+        c(sc->q + kMaxRows * kMaxHeadSize / 2 + 16 * kMaxHeadSize / 2),
+        v(reinterpret_cast<uint16_t*>(c + 256)) {}
+};
+static_assert(kMaxRows * kMaxHeadSize / 2 + 16 * kMaxHeadSize / 2 + 256 +
+                      kKeyTile * kMaxHeadSize / 2 <=
+                  kMaxRows * kMaxHeadSize,
+              "the AMX operands fit in Scratch::q");
+
 // The bf16 dot-product decode of one item (dp_eligible): q and the weights as bf16, scores and
-// P.V by vdpbf16ps, or, for fp8 caches where amx is set, on AMX tiles. One function on purpose:
-// each phase split out into a helper changes the code GCC generates for the tile loop.
+// P.V by vdpbf16ps, or, for fp8 caches where amx is set, on AMX tiles. The tile loop stays in
+// one function: each of its phases split out into a helper changes the code GCC generates for
+// it.
 template <int DT>
 PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   const int D = it.head_size;
@@ -49,30 +143,10 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   // item reads whole slot rows of the cache; each head has G rows.
   const int kvn = it.kv_heads > 1 ? it.kv_heads : 1;
   const int G = rows / kvn;
-  // A head's rows are scored in passes (pass_rows) of 4 rows, then 2, then 1, except that a last
-  // group of 3 is scored as 4 in one-head items (no slower than 2 and 1) and on fp8 caches,
-  // which convert K once per pass, so one pass of 4 converts half what passes of 2 and 1 do;
-  // passes of 8 rows are slower. A padded pass runs into the next head's rows, whose own pass
-  // comes later and overwrites those scores, or into zero rows after the item's last (q16 and
-  // the scores have kMaxRows rows; no padding where it would not fit).
-  int pass_rows[kMaxRows];
-  int npass = 0, G_s = 0;
-  for (int left = G; left > 0;) {
-    const int exact = left >= 4 ? 4 : (left >= 2 ? 2 : 1);
-    int R = left == 3 && (kvn == 1 || dp_fp8(DT)) ? 4 : exact;
-    if (rows - G + G_s + R > kMaxRows) R = exact;  // padding past the last head would not fit
-    pass_rows[npass++] = R;
-    G_s += R;
-    left -= std::min(R, left);
-  }
-  const int rows_s = rows - G + G_s;
-  // P.V runs a head's rows 4 at a time, but a last 5 in one pass, so their V rows are read (and
-  // converted) once.
-  int pv_rows[kMaxRows];
-  int npv = 0;
-  for (int left = G; left > 0; left -= pv_rows[npv++])
-    pv_rows[npv] = left == 5 ? 5 : std::min(left, 4);
-  const float kNegInf = -std::numeric_limits<float>::infinity();
+  const DpPasses ps = dp_passes(G, rows, kvn, dp_fp8(DT));
+  const int* pass_rows = ps.pass_rows;
+  const int* pv_rows = ps.pv_rows;
+  const int npass = ps.npass, npv = ps.npv, rows_s = ps.rows_s;
   const size_t esz = elem_size(it.kv.dtype);
   const Fp8Lut L = dp_fp8(DT) ? fp8_lut<DT>() : Fp8Lut{};
   // Row stride of q16 and the accumulators: whole chunks of the dot products (32 bf16 dims, 64
@@ -81,50 +155,22 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
   // q as bf16 (in K's element order), rows at stride Dq words; the weights of a tile as bf16.
   uint16_t* q16 = reinterpret_cast<uint16_t*>(sc->kt);
   uint16_t* p16 = reinterpret_cast<uint16_t*>(sc->vt);
-  float* qf = sc->q;  // float staging of one q row
 
-  for (int r = 0; r < rows_s; ++r) {
-    uint16_t* qr = q16 + static_cast<size_t>(r) * Dq;
-    if (r >= rows) {
-      memset(qr, 0, sizeof(uint16_t) * static_cast<size_t>(Dq));
-      continue;
-    }
-    const int t = r / nh, g = r % nh;
-    const char* qp = item_q(it, t, g);
-    if (it.dtype == PAGEDATTN_DTYPE_BFLOAT16 && !dp_fp8(DT)) {
-      memcpy(qr, qp, sizeof(uint16_t) * static_cast<size_t>(D));
-      memset(qr + D, 0, sizeof(uint16_t) * static_cast<size_t>(Dq - D));
-    } else {
-      load_row(qp, it.dtype, 1.0f, qf, D);
-      memset(qf + D, 0, sizeof(float) * static_cast<size_t>(Dq - D));
-      dp_q_row_fp8(qf, Dq, qr);
-    }
-    memset(sc->acc + static_cast<size_t>(r) * Dq, 0, sizeof(float) * static_cast<size_t>(Dq));
-    sc->m[r] = kNegInf;
-    sc->l[r] = 0.0f;
-    _mm512_store_ps(sc->lv + 16 * r, _mm512_setzero_ps());
-  }
+  dp_stage_rows(it, sc, q16, sc->q, rows, rows_s, Dq, dp_fp8(DT));
 
   const int64_t kbeg = std::max(it.key0, item_row_lo(it, 0));
   const int64_t kend = std::min(it.key1, item_row_hi(it, ntok - 1) + 1);
   const bool plain = it.soft_cap <= 0.0f && it.alibi == nullptr;
   const float sfac = it.scale * (dp_fp8(DT) ? it.kv.k_scale : 1.0f);
   // AMX scores and P.V: a tile's B operand holds up to 16 rows; short items skip the setup (q as
-  // tile operands, the tile configuration). Scratch in sc->q, free between the q rows and the
-  // output pass: the q operands (rows * Dq * 2 bytes <= 32 KiB), K rows as bf16 (<= 8 KiB), one
-  // tile of scores, V rows as bf16.
+  // tile operands, the tile configuration).
   // fp8 only: a bf16 decode is memory-bound, and tiles loaded in place from its K rows slow it
   // down from DRAM.
   const bool use_amx = amx && dp_fp8(DT) && G <= 16 && kend - kbeg >= 128;
-  uint32_t* amx_q = reinterpret_cast<uint32_t*>(sc->q);
-  uint16_t* amx_k = reinterpret_cast<uint16_t*>(sc->q + kMaxRows * kMaxHeadSize / 2);
-  float* amx_c = sc->q + kMaxRows * kMaxHeadSize / 2 + 16 * kMaxHeadSize / 2;
-  // V of a tile as tile B operands (P.V): 32 keys x Dq bf16 (<= 16 KiB).
-  uint16_t* amx_v = reinterpret_cast<uint16_t*>(amx_c + 256);
-  static_assert(kMaxRows * kMaxHeadSize / 2 + 16 * kMaxHeadSize / 2 + 256 +
-                        kKeyTile * kMaxHeadSize / 2 <=
-                    kMaxRows * kMaxHeadSize,
-                "the AMX operands fit in Scratch::q");
+  const DpAmxScratch amxs(sc);
+  uint32_t* amx_q = amxs.q;
+  uint16_t *amx_k = amxs.k, *amx_v = amxs.v;
+  float* amx_c = amxs.c;
   if (use_amx) {
     for (int h = 0; h < kvn; ++h)
       dp_amx_q(q16 + static_cast<size_t>(h) * G * Dq, Dq, G,
@@ -277,14 +323,7 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
 
   if (use_amx) _tile_release();
   dp_fold_l(sc, 0, rows);
-  // Back to natural dim order (and the V scale of fp8), then the output pass.
-  const float vf = dp_fp8(DT) ? it.kv.v_scale : 1.0f;
-  for (int r = 0; r < rows; ++r) {
-    float* a = sc->acc + static_cast<size_t>(r) * Dq;
-    dp_unpermute<DT>(a, sc->q, Dq, vf);
-    memcpy(a, sc->q, sizeof(float) * static_cast<size_t>(D));
-  }
-  write_rows(it, sc->acc, sc->m, sc->l, Dq);
+  dp_write_rows<DT>(it, sc, rows, Dq);
 }
 
 #endif  // PA_DP
