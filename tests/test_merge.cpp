@@ -10,7 +10,24 @@ using pat::status_is;
 
 namespace {
 
-class Merge : public pat::BackendTest {};
+class Merge : public pat::BackendTest {
+ protected:
+  // Poisons out and lse_out, merges (o1, l1) with (o2, l2) into them and downloads the result.
+  ::testing::AssertionResult merge(pat::Tensor& out, pat::Tensor& lo, pat::Tensor& o1,
+                                   pat::Tensor& l1, pat::Tensor& o2, pat::Tensor& l2) {
+    out.poison_all();
+    lo.poison_all();
+    for (auto* x : {&o1, &o2, &out, &l1, &l2, &lo}) x->upload();
+    const pagedattn_status st =
+        pagedattn_merge_states(be, out.t(), lo.t(), o1.t(), l1.t(), o2.t(), l2.t(), nullptr);
+    if (st != PAGEDATTN_OK)
+      return ::testing::AssertionFailure() << pagedattn_status_string(st) << ": "
+                                           << pat::last_error();
+    out.download();
+    lo.download();
+    return ::testing::AssertionSuccess();
+  }
+};
 
 }  // namespace
 
@@ -130,14 +147,7 @@ TEST_F(Merge, BothEmptyGivesZeroAndMinusInfinity) {
       l1->set(t, h, 0, -INFINITY);
       l2->set(t, h, 0, t == 0 ? -INFINITY : 0.5f);
     }
-  out.poison_all();
-  lo->poison_all();
-  for (auto* x : {&o1, &o2, &out, l1.get(), l2.get(), lo.get()}) x->upload();
-  ASSERT_EQ(pagedattn_merge_states(be, out.t(), lo->t(), o1.t(), l1->t(), o2.t(), l2->t(), nullptr),
-            PAGEDATTN_OK)
-      << pat::last_error();
-  out.download();
-  lo->download();
+  ASSERT_TRUE(merge(out, *lo, o1, *l1, o2, *l2));
   for (int h = 0; h < 3; ++h) {
     for (int d = 0; d < 16; ++d) {
       EXPECT_EQ(out.get(0, h, d), 0.0f) << "both empty: out must be 0";
@@ -170,14 +180,7 @@ TEST_F(Merge, NonFiniteLseGivesNaN) {
       l1->set(t, h, 0, l1v[t]);
       l2->set(t, h, 0, l2v[t]);
     }
-  out.poison_all();
-  lo->poison_all();
-  for (auto* x : {&o1, &o2, &out, l1.get(), l2.get(), lo.get()}) x->upload();
-  ASSERT_EQ(pagedattn_merge_states(be, out.t(), lo->t(), o1.t(), l1->t(), o2.t(), l2->t(), nullptr),
-            PAGEDATTN_OK)
-      << pat::last_error();
-  out.download();
-  lo->download();
+  ASSERT_TRUE(merge(out, *lo, o1, *l1, o2, *l2));
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < H; ++h) {
       for (int d = 0; d < D; ++d) {
