@@ -192,6 +192,40 @@ TEST_F(Cache, CreateStartsZeroAndDescribesItself) {
   }
 }
 
+// Resident set size of this process in bytes, or -1 where /proc/self/statm is not readable.
+static int64_t resident_bytes() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long long size = 0, resident = -1;
+  const int n = std::fscanf(f, "%lld %lld", &size, &resident);
+  std::fclose(f);
+  return n == 2 ? resident * 4096 : -1;
+}
+
+TEST_F(Cache, LargeCacheIsZeroWithoutBeingWrittenUpFront) {
+  // A cache's memory reads zero, but a large host cache is not memset at creation: its pages are
+  // committed as the engine writes them, so creating one near the memory size is quick and
+  // touches nothing. The resident set must not grow by the cache's 1 GiB.
+  if (dev.device_type != PAGEDATTN_DEVICE_CPU) GTEST_SKIP() << "skipped: host caches only";
+  const int64_t before = resident_bytes();
+  if (before < 0) GTEST_SKIP() << "skipped: /proc/self/statm is not readable here";
+  auto g = geom(4, 2048, 16, 8, 128, PAGEDATTN_DTYPE_BFLOAT16);  // 1 GiB
+  pagedattn_kv_cache* c = make(g);
+  ASSERT_NE(c, nullptr);
+  const int64_t grown = resident_bytes() - before;
+  EXPECT_LT(grown, int64_t{64} << 20) << "creating a 1 GiB cache made " << grown
+                                      << " bytes resident";
+  std::vector<int32_t> ids = {0, 1023, 2047};
+  uint64_t bpb = 0;
+  ASSERT_EQ(pagedattn_kv_cache_bytes_per_block(&bpb, &g), PAGEDATTN_OK);
+  std::vector<uint8_t> buf(bpb * ids.size(), 0xAB);
+  ASSERT_EQ(pagedattn_kv_cache_read_blocks(c, ids.data(), ids.size(), buf.data(), buf.size(),
+                                           nullptr),
+            PAGEDATTN_OK)
+      << pat::last_error();
+  EXPECT_TRUE(std::all_of(buf.begin(), buf.end(), [](uint8_t x) { return x == 0; }));
+}
+
 TEST_F(Cache, CreateRefusals) {
   pagedattn_kv_cache* const sentinel = reinterpret_cast<pagedattn_kv_cache*>(0x10);
   pagedattn_kv_cache* c = sentinel;

@@ -13,9 +13,10 @@
 namespace pa_runtime {
 
 /* Returns `bytes` of zeroed host memory, 64-byte aligned, and adds bytes + 64 (the block and its
- * header) to *used. Blocks of 4 MiB or more start on 2 MiB boundaries with transparent huge pages
- * asked for: paged attention reads scattered cache blocks, and 4 KiB pages would miss the TLB on
- * nearly every one. `limit` caps *used (0: no cap). Returns NULL, with *used unchanged and msg
+ * header) to *used. Blocks of 4 MiB or more are anonymous mappings, zero when first touched (a
+ * large cache is not written, nor its pages committed, up front), that start on 2 MiB boundaries
+ * with transparent huge pages asked for: paged attention reads scattered cache blocks, and 4 KiB
+ * pages would miss the TLB on nearly every one. `limit` caps *used (0: no cap). Returns NULL, with *used unchanged and msg
  * (PA_MSG_LEN bytes, or NULL for none) saying "<what>: ..." why, when the size overflows, the
  * limit would be exceeded, or the system has no memory for it. Thread-safe. */
 void* host_alloc(std::atomic<uint64_t>* used, uint64_t limit, size_t bytes, char* msg,
