@@ -46,7 +46,8 @@ typedef struct pagedattn_batch_desc {
   uint32_t struct_size;         /* sizeof(pagedattn_batch_desc) */
   int32_t num_seqs;             /* >= 0 */
   const int32_t* query_lens;    /* [num_seqs], each >= 0 */
-  const int32_t* context_lens;  /* [num_seqs], each >= 0 */
+  const int32_t* context_lens;  /* [num_seqs], each >= 0: tokens cached BEFORE this step (vLLM's
+                                   seq_lens minus query_lens; see docs/porting.md) */
   const int32_t* block_tables;  /* [num_seqs][block_table_stride], row-major; NULL only for a
                                    batch used solely for encoder-only attention */
   int32_t block_table_stride;   /* entries per row */
