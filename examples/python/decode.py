@@ -60,9 +60,9 @@ def main() -> int:
         if backend.capabilities.device_type != 1:
             print(f"backend {backend.name} does not compute on the host; this example uses numpy")
             return 1
-        with pa.KVCache.create(backend, num_layers=1, num_blocks=NUM_BLOCKS,
-                               block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS,
-                               head_size=HEAD_SIZE, dtype=pa.Dtype.FLOAT32) as cache:
+        with pa.KVCache(backend, num_layers=1, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
+                        num_kv_heads=NUM_KV_HEADS, head_size=HEAD_SIZE,
+                        dtype=pa.Dtype.FLOAT32) as cache:
             # Earlier steps stored the context: slot = table[pos // bs] * bs + pos % bs.
             slots = [BLOCK_TABLES[s][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE
                      for s, ctx in enumerate(CONTEXT_LENS) for p in range(ctx)]
@@ -77,9 +77,10 @@ def main() -> int:
                 q = np.stack(query).reshape(3, NUM_HEADS, HEAD_SIZE)
                 k = np.stack([k[c] for k, c in zip(keys, CONTEXT_LENS)])
                 v = np.stack([v[c] for v, c in zip(values, CONTEXT_LENS)])
-                out = pa.forward(backend, batch, cache, 0, q,
-                                 k.reshape(3, NUM_KV_HEADS, HEAD_SIZE),
-                                 v.reshape(3, NUM_KV_HEADS, HEAD_SIZE))
+                # lse=True: the result is the pair (out, lse), both numpy like q.
+                out, lse = pa.forward(backend, batch, cache, 0, q,
+                                      k.reshape(3, NUM_KV_HEADS, HEAD_SIZE),
+                                      v.reshape(3, NUM_KV_HEADS, HEAD_SIZE), lse=True)
 
     for s, ctx in enumerate(CONTEXT_LENS):
         o = out[s, 0, :4]
@@ -87,7 +88,7 @@ def main() -> int:
               f"{o[0]:+.5f} {o[1]:+.5f} {o[2]:+.5f} {o[3]:+.5f}")
 
     # float64 reference: softmax(q.k / sqrt(D)) v over positions 0..context_len.
-    max_err = max_ref = 0.0
+    max_err = max_ref = max_lse_err = 0.0
     group = NUM_HEADS // NUM_KV_HEADS
     for s in range(3):
         K = keys[s].astype(np.float64).reshape(-1, NUM_KV_HEADS, HEAD_SIZE)
@@ -98,9 +99,12 @@ def main() -> int:
             ref = p @ V[:, h // group, :] / p.sum()
             max_err = max(max_err, float(np.abs(ref - out[s, h]).max()))
             max_ref = max(max_ref, float(np.abs(ref).max()))
+            ref_lse = sc.max() + np.log(p.sum())
+            max_lse_err = max(max_lse_err, abs(float(ref_lse) - float(lse[s, h])))
     rel = max_err / max_ref
     print(f"max |out - ref| / max |ref| = {rel:.3g} (float32 tolerance 1e-5)")
-    if not rel <= 1e-5:
+    print(f"max |lse - ref| = {max_lse_err:.3g} (tolerance 1e-5)")
+    if not rel <= 1e-5 or not max_lse_err <= 1e-5:
         print("FAILED: output differs from the float64 reference", file=sys.stderr)
         return 1
     print("ok")

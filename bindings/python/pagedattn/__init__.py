@@ -2,18 +2,21 @@
 
 The package loads ``libpagedattn.so`` on first use: from ``PAGEDATTN_LIBRARY`` (a file), else
 ``PAGEDATTN_LIB_DIR`` (a directory), else the libdir of ``pkg-config pagedattn``, else the system
-loader. Plugins (oneDNN, CUDA, HIP) are found by the library itself (``PAGEDATTN_PLUGIN_PATH``).
+loader, and refuses a library of another major version (``OSError``). Plugins (oneDNN, CUDA,
+HIP) are found by the library itself (``PAGEDATTN_PLUGIN_PATH``).
 
-Tensors are numpy arrays (float32, float16; int32/int64 for slots), :class:`BFloat16Array`
-(numpy ``uint16`` holding bfloat16 bits, since numpy has no bfloat16), or any object with
-``__dlpack__`` (a torch tensor, zero copy). Every failing call raises :class:`PagedAttnError`
-carrying the :class:`Status` and the library's message.
+Tensors are numpy arrays (float32, float16, ``ml_dtypes.bfloat16`` when ml_dtypes is installed;
+int32/int64 for slots), :class:`BFloat16Array` (numpy ``uint16`` holding bfloat16 bits), or any
+object with ``__dlpack__`` (a torch tensor, zero copy). Outputs the binding allocates follow the
+inputs' array type (numpy in, numpy out; torch in, torch out). :func:`forward` and
+:func:`merge_states` return ``out``, or ``(out, lse)`` when an lse is requested. Every failing
+call raises :class:`PagedAttnError` carrying the :class:`Status` and the library's message.
 
 Example (one decode step)::
 
     import numpy as np, pagedattn as pa
-    with pa.Backend("cpu") as be, pa.KVCache.create(be, num_layers=1, num_blocks=16,
-            block_size=16, num_kv_heads=2, head_size=64, dtype=pa.Dtype.FLOAT32) as cache:
+    with pa.Backend("cpu") as be, pa.KVCache(be, num_layers=1, num_blocks=16, block_size=16,
+            num_kv_heads=2, head_size=64, dtype=pa.Dtype.FLOAT32) as cache:
         batch = pa.Batch(be, cache, query_lens=[1, 1], context_lens=[5, 17],
                          block_tables=[[7], [2, 11]])
         out = pa.forward(be, batch, cache, 0, q, k, v)   # q [2, 8, 64], k/v [2, 2, 64] float32

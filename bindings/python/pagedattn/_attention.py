@@ -1,9 +1,16 @@
-"""Attention: :func:`forward` (one layer over a planned batch) and :func:`merge_states`."""
+"""Attention: :func:`forward` (one layer over a planned batch) and :func:`merge_states`.
+
+Both follow one rule for what they return: ``out`` alone when no log-sum-exp is requested, the
+pair ``(out, lse)`` when one is (``True`` to allocate it, or a tensor to write into). Tensors the
+binding allocates follow the inputs' array type: numpy (ml_dtypes included) in, numpy out; a
+:class:`BFloat16Array` in, a :class:`BFloat16Array` out (lse is always float32 numpy); torch in,
+torch out on the same device.
+"""
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -11,10 +18,46 @@ from . import _ffi
 from ._backend import Backend
 from ._batch import Batch
 from ._cache import KVCache
-from ._handle import _handle_or_null
 from ._status import _check, _lib
-from ._tensor import as_tensor, checked_int, empty_like, stream_arg
+from ._tensor import checked_int, describe, empty_float32_like, empty_like, shape_of, stream_arg
 from ._types import AttentionType, enum_arg
+
+_ENCODER_ONLY = AttentionType.ENCODER_ONLY
+_ATTENTION_TYPES = {int(t): t for t in AttentionType}
+
+# Options structs already built, by their field values. A struct is never changed once built,
+# so concurrent forwards may share one.
+_OPTIONS: Dict[Tuple[Any, ...], Tuple[_ffi.AttentionOptionsStruct, int]] = {}
+_OPTIONS_MAX = 256
+
+
+def _options(key: Tuple[Any, ...], alibi: Optional[int]) -> Tuple[Any, int]:
+    """An AttentionOptionsStruct with the field values ``key`` (num_heads, num_kv_heads,
+    head_size, scale, soft_cap, sliding_window, attention_type, write_kv, k_scale, v_scale)
+    and ``alibi`` (a tensor address or None), and its address."""
+    cacheable = alibi is None
+    if cacheable:
+        try:
+            hit = _OPTIONS.get(key)
+        except TypeError:  # an unhashable value (e.g. a 0-d numpy array as scale)
+            hit, cacheable = None, False
+        if hit is not None:
+            return hit
+    o = _ffi.AttentionOptionsStruct()
+    _check(_lib().pagedattn_attention_options_init(ctypes.byref(o)))
+    (o.num_heads, o.num_kv_heads, o.head_size, o.scale, o.soft_cap, o.sliding_window,
+     o.attention_type, o.write_kv, o.k_scale, o.v_scale) = key
+    o.alibi_slopes = alibi
+    entry = (o, ctypes.addressof(o))
+    if cacheable:
+        if len(_OPTIONS) >= _OPTIONS_MAX:
+            _OPTIONS.clear()
+        _OPTIONS[key] = entry
+    return entry
+
+
+def _lse_requested(lse: Any) -> bool:
+    return lse is not False and lse is not None
 
 
 def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], layer: int,
@@ -30,9 +73,13 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
         backend, batch, cache, layer: what to run (cache is the cross cache for CROSS, None only
             for ENCODER_ONLY; a None batch is passed on as NULL and refused by the library).
         q: ``[num_tokens, H, D]``; k, v: ``[rows, Hkv, D]`` or None (when ``write_kv`` is off
-            for decoder/cross). numpy arrays, :class:`BFloat16Array` or ``__dlpack__`` objects.
-        out: output tensor ``[num_tokens, H, D]`` of q's dtype; allocated like q if None.
-        lse: False (none), True (allocate a float32 ``[num_tokens, H]`` numpy array) or a tensor.
+            for decoder/cross). numpy arrays (float32, float16, ``ml_dtypes.bfloat16``),
+            :class:`BFloat16Array` or ``__dlpack__`` objects such as torch tensors.
+        out: output tensor ``[num_tokens, H, D]`` of q's dtype; if None, allocated like q (same
+            array type: numpy, ml_dtypes, :class:`BFloat16Array` or torch on q's device).
+        lse: False or None (not requested), True (allocate a float32 ``[num_tokens, H]`` tensor
+            of q's array type: numpy for numpy/BFloat16Array inputs, torch for torch inputs),
+            or a float32 tensor to write into.
         num_heads, head_size: default from q's shape; num_kv_heads: from k's shape, else the
             cache's.
         scale: score scale (0 = 1/sqrt(D)); soft_cap: 0 = off; sliding_window: 0 = off.
@@ -40,10 +87,13 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
         write_kv: store k/v into the cache first (default: True unless ENCODER_ONLY or k is None).
         k_scale, v_scale: fp8 cache scales.
         alibi_slopes: float32 ``[H]`` tensor (or a list of floats), or None.
-        stream: GPU stream handle (int) or None.
+        stream: GPU stream handle (int) or None (the default stream). On a GPU backend it is
+            also passed to each ``__dlpack__`` producer per the DLPack protocol, so the
+            producer orders its pending work before the call.
 
     Returns:
-        ``out``, or ``(out, lse)`` when ``lse`` is requested.
+        ``out`` when ``lse`` is not requested; ``(out, lse)`` when it is (the tensor passed, or
+        the one allocated). The same rule as :func:`merge_states`.
 
     Raises:
         PagedAttnError: with the library's status and message; nothing is written on failure.
@@ -52,87 +102,98 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
             not fit int32, or a stream that is not an address; checked before anything runs.
     """
     bh = backend._handle()
-    batch_h = _handle_or_null(batch)
-    cache_h = _handle_or_null(cache)
-    attention_type = enum_arg(AttentionType, attention_type, "attention_type")
+    batch_h = None if batch is None else batch._handle()
+    cache_h = None if cache is None else cache._handle()
+    at = _ATTENTION_TYPES.get(attention_type) if type(attention_type) in (AttentionType, int) \
+        else None
+    if at is None:
+        at = enum_arg(AttentionType, attention_type, "attention_type")
     layer = checked_int(layer, "int32", "layer")
     sliding_window = checked_int(sliding_window, "int32", "sliding_window")
     stream = stream_arg(stream)
-    tq = as_tensor(q, "q")
-    if len(tq.shape) != 3 and (num_heads is None or head_size is None):
-        raise ValueError(f"q: expected [num_tokens, H, D], got shape {tq.shape}")
-    tk = None if k is None else as_tensor(k, "k")
-    tv = None if v is None else as_tensor(v, "v")
-    H = checked_int(num_heads if num_heads is not None else tq.shape[1], "int32", "num_heads")
-    D = checked_int(head_size if head_size is not None else tq.shape[2], "int32", "head_size")
+    gpu = backend._gpu
+    qa, qkeep = describe(q, "q", False, gpu, stream)
+    q_shape = q.shape if type(q) is np.ndarray else shape_of(q, qa)
+    if len(q_shape) != 3 and (num_heads is None or head_size is None):
+        raise ValueError(f"q: expected [num_tokens, H, D], got shape {tuple(q_shape)}")
+    ka, kkeep = (None, None) if k is None else describe(k, "k", False, gpu, stream)
+    va, vkeep = (None, None) if v is None else describe(v, "v", False, gpu, stream)
+    H = checked_int(num_heads if num_heads is not None else q_shape[1], "int32", "num_heads")
+    D = checked_int(head_size if head_size is not None else q_shape[2], "int32", "head_size")
     if num_kv_heads is None:
-        if tk is not None and len(tk.shape) == 3:
-            num_kv_heads = tk.shape[1]
+        k_shape = None if k is None else k.shape if type(k) is np.ndarray else shape_of(k, ka)
+        if k_shape is not None and len(k_shape) == 3:
+            num_kv_heads = k_shape[1]
         elif cache is not None:
-            num_kv_heads = cache.desc.num_kv_heads
+            num_kv_heads = cache._geometry.num_kv_heads
         else:
             num_kv_heads = H
     num_kv_heads = checked_int(num_kv_heads, "int32", "num_kv_heads")
     if write_kv is None:
-        write_kv = attention_type != AttentionType.ENCODER_ONLY and k is not None
+        write_kv = at is not _ENCODER_ONLY and k is not None
     if out is None:
-        out = empty_like(q, tuple(tq.shape))
-    to = as_tensor(out, "out", writable=True)
-    lse_obj = None
-    tl = None
+        out = empty_like(q, tuple(q_shape))
+    oa, okeep = describe(out, "out", True, gpu, stream)
+    la = lkeep = None
+    want_lse = _lse_requested(lse)
     if lse is True:
-        lse_obj = np.empty((tq.shape[0], H), dtype=np.float32)
-    elif lse is not False and lse is not None:
-        lse_obj = lse
-    if lse_obj is not None:
-        tl = as_tensor(lse_obj, "lse", writable=True)
-    ta = None
+        lse = empty_float32_like(q, (q_shape[0], H), "lse")
+    if want_lse:
+        la, lkeep = describe(lse, "lse", True, gpu, stream)
+    alibi = akeep = None
     if alibi_slopes is not None:
         if isinstance(alibi_slopes, (list, tuple)):
             alibi_slopes = np.asarray(alibi_slopes, dtype=np.float32)
-        ta = as_tensor(alibi_slopes, "alibi_slopes")
-    o = _ffi.AttentionOptionsStruct()
-    _check(_lib().pagedattn_attention_options_init(ctypes.byref(o)))
-    o.num_heads, o.num_kv_heads, o.head_size = H, num_kv_heads, D
-    o.scale, o.soft_cap, o.sliding_window = scale, soft_cap, sliding_window
-    o.attention_type = int(attention_type)
-    o.write_kv = 1 if write_kv else 0
-    o.k_scale, o.v_scale = k_scale, v_scale
-    o.alibi_slopes = ta.pointer if ta is not None else None
-    _check(_lib().pagedattn_forward(
-        bh, batch_h, cache_h, layer, ctypes.byref(o), tq.pointer,
-        tk.pointer if tk is not None else None, tv.pointer if tv is not None else None,
-        to.pointer, tl.pointer if tl is not None else None, stream))
-    return (out, lse_obj) if lse_obj is not None else out
+        alibi, akeep = describe(alibi_slopes, "alibi_slopes", False, gpu, stream)
+    options, options_addr = _options((H, num_kv_heads, D, scale, soft_cap, sliding_window,
+                                      int(at), 1 if write_kv else 0, k_scale, v_scale), alibi)
+    _check(_lib().pagedattn_forward(bh, batch_h, cache_h, layer, options_addr, qa, ka, va, oa,
+                                    la, stream))
+    del qkeep, kkeep, vkeep, okeep, lkeep, akeep, options  # alive until the call returned
+    return (out, lse) if want_lse else out
 
 
 def merge_states(backend: Backend, o1: Any, lse1: Any, o2: Any, lse2: Any, *, out: Any = None,
                  lse_out: Any = True, stream: Optional[int] = None) -> Any:
-    """Merges two partial attention states over disjoint key sets into the exact result.
+    """Merges two partial attention states over disjoint key sets into the exact result
+    (``pagedattn_merge_states``).
 
-    ``o1``, ``o2``: ``[T, H, D]``; ``lse1``, ``lse2``: float32 ``[T, H]``. ``out`` may be o1 or
-    o2 (in place); allocated like o1 if None. ``lse_out``: True (allocate), a tensor, or
-    False/None (not requested).
+    Args:
+        o1, o2: ``[T, H, D]`` partial outputs; lse1, lse2: their float32 ``[T, H]``
+            log-sum-exps. numpy arrays, :class:`BFloat16Array` or ``__dlpack__`` objects.
+        out: the merged output; may be o1 or o2 (in place); if None, allocated like o1.
+        lse_out: True (the default: allocate a float32 ``[T, H]`` tensor like lse1, numpy or
+            torch), a float32 tensor to write into, or False/None (not requested). A merged
+            state is usually merged again, so the merged lse is requested unless turned off.
+        stream: GPU stream handle (int) or None; passed to ``__dlpack__`` producers on GPU
+            backends as in :func:`forward`.
 
     Returns:
-        ``(out, lse_out)``, or ``out`` when ``lse_out`` is not requested.
+        ``(out, lse_out)`` when the lse is requested (the default); ``out`` when it is not.
+        The same rule as :func:`forward`.
+
+    Raises:
+        PagedAttnError: with the library's status and message.
     """
     bh = backend._handle()
     stream = stream_arg(stream)
-    t1, t2 = as_tensor(o1, "o1"), as_tensor(o2, "o2")
-    l1, l2 = as_tensor(lse1, "lse1"), as_tensor(lse2, "lse2")
+    gpu = backend._gpu
+    a1, k1 = describe(o1, "o1", False, gpu, stream)
+    a2, k2 = describe(o2, "o2", False, gpu, stream)
+    l1, kl1 = describe(lse1, "lse1", False, gpu, stream)
+    l2, kl2 = describe(lse2, "lse2", False, gpu, stream)
     if out is None:
-        out = empty_like(o1, tuple(t1.shape))
-    to = as_tensor(out, "out", writable=True)
-    lse_obj = None
+        out = empty_like(o1, tuple(shape_of(o1, a1)))
+    oa, okeep = describe(out, "out", True, gpu, stream)
+    want_lse = _lse_requested(lse_out)
     if lse_out is True:
-        lse_obj = np.empty(tuple(l1.shape), dtype=np.float32)
-    elif lse_out is not False and lse_out is not None:
-        lse_obj = lse_out
-    tl = None if lse_obj is None else as_tensor(lse_obj, "lse_out", writable=True)
-    _check(_lib().pagedattn_merge_states(bh, to.pointer, tl.pointer if tl else None, t1.pointer,
-                                         l1.pointer, t2.pointer, l2.pointer, stream))
-    return (out, lse_obj) if lse_obj is not None else out
+        lse_out = empty_float32_like(lse1, tuple(shape_of(lse1, l1)), "lse_out")
+    la = lkeep = None
+    if want_lse:
+        la, lkeep = describe(lse_out, "lse_out", True, gpu, stream)
+    _check(_lib().pagedattn_merge_states(bh, oa, la, a1, l1, a2, l2, stream))
+    del k1, k2, kl1, kl2, okeep, lkeep
+    return (out, lse_out) if want_lse else out
 
 
 __all__ = ["forward", "merge_states"]

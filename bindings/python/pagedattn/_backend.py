@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 from . import _ffi
 from ._handle import _Handle
 from ._status import _check, _lib
-from ._tensor import checked_int, stream_arg
+from ._tensor import DEVICE_CUDA, DEVICE_ROCM, checked_int, stream_arg
 from ._types import Dtype, Feature, Layout
 
 if TYPE_CHECKING:  # both import Backend
@@ -92,6 +92,8 @@ class Backend(_Handle):
         _check(lib.pagedattn_backend_create(ctypes.byref(out), name.encode(), ctypes.byref(opts)))
         super().__init__(out.value, lib.pagedattn_backend_destroy)
         self._caps: Optional[Capabilities] = None
+        # Computes on a GPU (CUDA or ROCm device memory): DLPack exports then get a stream.
+        self._gpu = self.capabilities.device_type in (DEVICE_CUDA, DEVICE_ROCM)
 
     @property
     def capabilities(self) -> Capabilities:

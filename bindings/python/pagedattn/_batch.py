@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -13,7 +13,13 @@ from ._backend import Backend
 from ._cache import KVCache
 from ._handle import _Handle, _handle_or_null
 from ._status import _check, _lib
-from ._tensor import _i32p, _i64p, checked_int, int_array
+from ._tensor import _INT_TYPES, _LIMITS, checked_int, int_array
+
+_ROW_TYPES = {list, tuple}
+_I32_MIN, _I32_MAX = _LIMITS["int32"][:2]
+# int_array dtype -> (min, max, ctypes type) for lists built as ctypes arrays.
+_BOUNDS = {np.int32: _LIMITS["int32"][:2] + (ctypes.c_int32,),
+           np.int64: _LIMITS["int64"][:2] + (ctypes.c_int64,)}
 
 
 @dataclass(frozen=True)
@@ -33,24 +39,135 @@ class BatchInfo:
     block_size: int
 
 
-def _table(rows: Any, name: str) -> Tuple[Optional[np.ndarray], int]:
-    """Block tables as a C-contiguous int32 [num_seqs, width] array; ragged rows are padded
-    with 0 (a valid id that is never read)."""
+class _Ints:
+    """A flat C int32/int64 array handed to the library: the object owning the memory (a ctypes
+    or numpy array), its address, its length and, for tables, its row count and width."""
+
+    __slots__ = ("owner", "address", "size", "rows", "width")
+
+    def __init__(self, owner: Any, address: Optional[int], size: int, rows: int = 0,
+                 width: int = 0) -> None:
+        self.owner, self.address, self.size, self.rows, self.width = \
+            owner, address, size, rows, width
+
+
+def _numpy_ints(arr: np.ndarray, rows: int = 0, width: int = 0) -> _Ints:
+    if arr.size and arr.flags.writeable:  # a ctypes view of the buffer: the quick address
+        address = ctypes.addressof(ctypes.c_char.from_buffer(arr))
+    else:
+        address = arr.ctypes.data
+    return _Ints(arr, address, arr.size, rows, width)
+
+
+def _ctypes_ints(values: List[int], ctype: Any, rows: int = 0, width: int = 0) -> _Ints:
+    arr = (ctype * len(values))(*values)
+    return _Ints(arr, ctypes.addressof(arr), len(values), rows, width)
+
+
+def _owned(ints: Optional[_Ints]) -> Optional[_Ints]:
+    """``ints`` in memory of its own (a caller's numpy array may change after the call)."""
+    if ints is None or not isinstance(ints.owner, np.ndarray):
+        return ints
+    return _numpy_ints(ints.owner.copy(), ints.rows, ints.width)
+
+
+def _ints(x: Any, dtype: Any, name: str) -> _Ints:
+    """A 1-D length or slot array, range-checked (see :func:`int_array`)."""
+    if (type(x) is list or type(x) is tuple) and x and set(map(type, x)) == _INT_TYPES:
+        lo, hi, ctype = _BOUNDS[dtype]
+        if lo <= min(x) and max(x) <= hi:  # Python ints that fit: no numpy round trip
+            return _ctypes_ints(x, ctype)  # type: ignore[arg-type]
+    arr = int_array(x, dtype, name)
+    return _numpy_ints(arr if arr.ndim == 1 else arr.reshape(-1))
+
+
+def _table(rows: Any, name: str) -> Optional[_Ints]:
+    """Block tables as C-contiguous int32 ``[num_seqs, width]``; ragged rows are padded with 0
+    (a valid id that is never read)."""
     if rows is None:
-        return None, 0
+        return None
+    if type(rows) is list and rows and {type(r) for r in rows} <= _ROW_TYPES:
+        # Rows of Python ints (the common case): checked with the builtins, copied once.
+        flat = [x for r in rows for x in r]
+        if flat and set(map(type, flat)) == _INT_TYPES and \
+                _I32_MIN <= min(flat) and max(flat) <= _I32_MAX:
+            width = max(map(len, rows))
+            if len(flat) != width * len(rows):
+                flat = []
+                for r in rows:
+                    flat.extend(r)
+                    flat.extend([0] * (width - len(r)))
+            return _ctypes_ints(flat, ctypes.c_int32, len(rows), width)
     if isinstance(rows, np.ndarray) or (hasattr(rows, "__len__") and len(rows) and
                                         all(isinstance(r, np.ndarray) for r in rows) and
                                         len({len(r) for r in rows}) == 1):
         arr = int_array(np.asarray(rows), np.int32, name)
         if arr.ndim != 2:
             raise ValueError(f"{name}: expected a 2-D table, got shape {arr.shape}")
-        return arr, arr.shape[1]
+        return _numpy_ints(arr, arr.shape[0], arr.shape[1])
     rows = [list(r) for r in rows]
     width = max((len(r) for r in rows), default=0)
     arr = np.zeros((len(rows), max(width, 1)), dtype=np.int32)
     for i, r in enumerate(rows):
         arr[i, :len(r)] = int_array(r, np.int32, f"{name}[{i}]") if r else []
-    return arr, max(width, 1)
+    return _numpy_ints(arr, arr.shape[0], arr.shape[1])
+
+
+_TEMPLATE: List[_ffi.BatchDescStruct] = []
+
+
+def _desc_template() -> _ffi.BatchDescStruct:
+    """A batch desc as ``pagedattn_batch_desc_init`` fills it, made once and copied."""
+    if not _TEMPLATE:
+        d = _ffi.BatchDescStruct()
+        _check(_lib().pagedattn_batch_desc_init(ctypes.byref(d)))
+        _TEMPLATE.append(d)
+    return _TEMPLATE[0]
+
+
+def _desc(query_lens: Any, context_lens: Any, block_tables: Any, slot_mapping: Any,
+          encoder_lens: Any, cross_block_tables: Any,
+          kept: Tuple[Optional[_Ints], Optional[_Ints]] = (None, None)
+          ) -> Tuple[_ffi.BatchDescStruct, Tuple[Any, ...]]:
+    """The C batch desc of one step and the arrays it points to (to keep alive). ``kept``:
+    the encoder_lens and cross tables an update reuses when it does not pass them."""
+    q = _ints(query_lens, np.int32, "query_lens")
+    if context_lens is None:
+        c = _ctypes_ints([0] * q.size, ctypes.c_int32)
+    else:
+        c = _ints(context_lens, np.int32, "context_lens")
+    if c.size != q.size:
+        raise ValueError(f"context_lens has {c.size} entries, query_lens {q.size}")
+    tables = _table(block_tables, "block_tables")
+    sm = None if slot_mapping is None else _ints(slot_mapping, np.int64, "slot_mapping")
+    enc = None if encoder_lens is None else _ints(encoder_lens, np.int32, "encoder_lens")
+    xt = _table(cross_block_tables, "cross_block_tables")
+    if enc is None and kept[0] is not None:
+        enc = kept[0]
+        if enc.size != q.size:
+            raise ValueError(
+                f"encoder_lens: the batch was planned with {enc.size} encoder_lens and this "
+                f"update has {q.size} sequences; pass encoder_lens (and cross_block_tables)")
+    if xt is None and kept[0] is not None and kept[1] is not None:
+        xt = kept[1]
+        if xt.rows != q.size:
+            raise ValueError(
+                f"cross_block_tables: the batch was planned with {xt.rows} rows and this "
+                f"update has {q.size} sequences; pass cross_block_tables")
+    d = _ffi.BatchDescStruct.from_buffer_copy(_desc_template())
+    d.num_seqs = checked_int(q.size, "int32", "num_seqs")
+    d.query_lens, d.context_lens = q.address, c.address
+    if tables is not None:
+        d.block_tables = tables.address
+        d.block_table_stride = checked_int(tables.width, "int32", "block_tables width")
+    if sm is not None:
+        d.slot_mapping = sm.address
+    if enc is not None:
+        d.encoder_lens = enc.address
+    if xt is not None:
+        d.cross_block_tables = xt.address
+        d.cross_block_table_stride = checked_int(xt.width, "int32", "cross_block_tables width")
+    return d, (q, c, tables, sm, enc, xt)
 
 
 class Batch(_Handle):
@@ -66,13 +183,21 @@ class Batch(_Handle):
         slot_mapping: optional caller slot mapping (``[sum(query_lens)]``, -1 = padding).
         cross_cache, encoder_lens, cross_block_tables: cross attention (the cross cache may be
             the same object as ``cache``).
-        max_num_seqs, max_num_tokens, max_blocks_per_seq, max_num_encoder_tokens, max_seq_len:
-            capacities for :meth:`update` (0 = this batch's size).
+        max_num_seqs, max_num_tokens, max_num_encoder_tokens: capacities for :meth:`update`
+            (0 = this batch's size).
+        max_blocks_per_seq: capacity for the table width :meth:`update` may use; None (the
+            default) = the width of ``block_tables`` as passed, 0 = what this batch uses.
+        max_seq_len: capacity for context_len + query_len (and encoder_len); None (the default)
+            = what the tables can address: ``max_blocks_per_seq * block_size``, and the cross
+            tables' width times the cross cache's block size; 0 = this batch's maximum.
+
+    So a batch planned from tables sized for the sequences' final lengths (a prefill step, say)
+    takes the later decode steps through :meth:`update` without hand-set capacities.
 
     Raises:
         PagedAttnError: ``OUT_OF_RANGE`` (a block id outside the cache, a short table row),
-        ``INVALID_ARGUMENT`` (negative lengths), ``INVALID_HANDLE`` (a closed backend or
-        cache)...
+        ``INVALID_ARGUMENT`` (negative lengths, a capacity below this batch), ``INVALID_HANDLE``
+        (a closed backend or cache)...
         TypeError, OverflowError: a length, id or capacity that is not an integer or does not
         fit its C type (int32; max_num_tokens, max_num_encoder_tokens, max_seq_len and slots
         int64).
@@ -87,52 +212,40 @@ class Batch(_Handle):
                  context_lens: Any = None, block_tables: Any = None, *, slot_mapping: Any = None,
                  cross_cache: Optional[KVCache] = None, encoder_lens: Any = None,
                  cross_block_tables: Any = None, max_num_seqs: int = 0, max_num_tokens: int = 0,
-                 max_blocks_per_seq: int = 0, max_num_encoder_tokens: int = 0,
-                 max_seq_len: int = 0) -> None:
+                 max_blocks_per_seq: Optional[int] = None, max_num_encoder_tokens: int = 0,
+                 max_seq_len: Optional[int] = None) -> None:
         bh = backend._handle()
         cache_h, cross_h = _handle_or_null(cache), _handle_or_null(cross_cache)
-        desc, keep = self._desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
-                                cross_block_tables)
+        desc, keep = _desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
+                           cross_block_tables)
         desc.max_num_seqs = checked_int(max_num_seqs, "int32", "max_num_seqs")
         desc.max_num_tokens = checked_int(max_num_tokens, "int64", "max_num_tokens")
+        if max_blocks_per_seq is None:
+            max_blocks_per_seq = desc.block_table_stride if cache is not None else 0
         desc.max_blocks_per_seq = checked_int(max_blocks_per_seq, "int32", "max_blocks_per_seq")
         desc.max_num_encoder_tokens = checked_int(max_num_encoder_tokens, "int64",
                                                   "max_num_encoder_tokens")
+        if max_seq_len is None:
+            # What the tables can address; 0 (this batch's maximum) without a self cache or
+            # with max_blocks_per_seq=0, where the tables do not bound the lengths.
+            max_seq_len = 0
+            if cache is not None and desc.max_blocks_per_seq > 0:
+                max_seq_len = desc.max_blocks_per_seq * cache._geometry.block_size
+                if cross_cache is not None and keep[4] is not None:
+                    max_seq_len = max(max_seq_len, desc.cross_block_table_stride *
+                                      cross_cache._geometry.block_size)
         desc.max_seq_len = checked_int(max_seq_len, "int64", "max_seq_len")
         out = ctypes.c_void_p()
         _check(_lib().pagedattn_batch_create(ctypes.byref(out), bh, cache_h, cross_h,
-                                             ctypes.byref(desc)))
-        del keep
+                                             ctypes.addressof(desc)))
         super().__init__(out.value, _lib().pagedattn_batch_destroy)
         self.backend = backend
         self.cache = cache
         self.cross_cache = cross_cache
-
-    @staticmethod
-    def _desc(query_lens: Any, context_lens: Any, block_tables: Any, slot_mapping: Any,
-              encoder_lens: Any, cross_block_tables: Any) -> Tuple[_ffi.BatchDescStruct, list]:
-        q = int_array(query_lens, np.int32, "query_lens").reshape(-1)
-        c = (np.zeros_like(q) if context_lens is None
-             else int_array(context_lens, np.int32, "context_lens").reshape(-1))
-        if c.size != q.size:
-            raise ValueError(f"context_lens has {c.size} entries, query_lens {q.size}")
-        tables, width = _table(block_tables, "block_tables")
-        sm = None if slot_mapping is None else \
-            int_array(slot_mapping, np.int64, "slot_mapping").reshape(-1)
-        enc = None if encoder_lens is None else \
-            int_array(encoder_lens, np.int32, "encoder_lens").reshape(-1)
-        xt, xwidth = _table(cross_block_tables, "cross_block_tables")
-        d = _ffi.BatchDescStruct()
-        _check(_lib().pagedattn_batch_desc_init(ctypes.byref(d)))
-        d.num_seqs = checked_int(q.size, "int32", "num_seqs")
-        d.query_lens, d.context_lens = _i32p(q), _i32p(c)
-        d.block_tables = _i32p(tables)
-        d.block_table_stride = checked_int(width, "int32", "block_tables width")
-        d.slot_mapping = _i64p(sm)
-        d.encoder_lens = _i32p(enc)
-        d.cross_block_tables = _i32p(xt)
-        d.cross_block_table_stride = checked_int(xwidth, "int32", "cross_block_tables width")
-        return d, [q, c, tables, sm, enc, xt]
+        # Cross attention metadata, kept for updates that do not repeat it.
+        self._cross: Tuple[Optional[_Ints], Optional[_Ints]] = \
+            (_owned(keep[4]), _owned(keep[5]))
+        del keep
 
     def update(self, query_lens: Any, context_lens: Any = None, block_tables: Any = None, *,
                slot_mapping: Any = None, encoder_lens: Any = None,
@@ -140,13 +253,20 @@ class Batch(_Handle):
         """Replaces the batch's contents in place (no larger than its capacities; for graph
         replay). On failure the batch keeps its previous contents.
 
+        A cross-attention batch keeps its ``encoder_lens`` and ``cross_block_tables`` when an
+        update does not pass them (the encoder side does not change between decode steps);
+        passing them replaces them. Kept ones must match the update's number of sequences.
+
         Raises:
             PagedAttnError: ``CAPACITY`` and the errors of the constructor.
+            ValueError: kept encoder_lens or cross_block_tables for another number of sequences.
         """
         h = self._handle()
-        desc, keep = self._desc(query_lens, context_lens, block_tables, slot_mapping,
-                                encoder_lens, cross_block_tables)
-        _check(_lib().pagedattn_batch_update(h, ctypes.byref(desc)))
+        desc, keep = _desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
+                           cross_block_tables, self._cross)
+        _check(_lib().pagedattn_batch_update(h, ctypes.addressof(desc)))
+        if keep[4] is not None:
+            self._cross = (_owned(keep[4]), _owned(keep[5]))
         del keep
 
     @property

@@ -13,7 +13,7 @@ from . import _ffi
 from ._backend import Backend
 from ._handle import _Handle
 from ._status import PagedAttnError, _check, _lib
-from ._tensor import TensorArg, _i32p, as_tensor, checked_int, int_array, stream_arg
+from ._tensor import _i32p, as_tensor, checked_int, describe, int_array, stream_arg
 from ._types import KV_CACHE_HOST, Dtype, Layout, dtype_from_dlpack, enum_arg
 
 # The C type of each pagedattn_kv_cache_desc field, checked before it is stored.
@@ -65,18 +65,6 @@ def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_si
                      enum_arg(Layout, layout, "layout")).bytes_per_block
 
 
-def _strides_of(t: TensorArg) -> Tuple[int, ...]:
-    """Element strides of a described tensor (compact ones when its strides are NULL)."""
-    s = t.pointer.contents
-    if s.strides:
-        return tuple(s.strides[i] for i in range(s.ndim))
-    out, acc = [], 1
-    for n in reversed(t.shape):
-        out.append(acc)
-        acc *= n
-    return tuple(reversed(out))
-
-
 def _pairs_array(pairs: Any) -> np.ndarray:
     arr = int_array(pairs if len(np.shape(pairs)) else [], np.int32, "pairs").reshape(-1)
     if arr.size % 2:
@@ -85,27 +73,72 @@ def _pairs_array(pairs: Any) -> np.ndarray:
 
 
 class KVCache(_Handle):
-    """A paged KV cache. Create with :meth:`create` (library-owned memory) or :meth:`wrap`
-    (caller memory used in place). Keeps its :class:`Backend` (and wrapped arrays) alive.
+    """A paged KV cache: the K and V blocks of every layer, on a backend's device.
 
-    ``close()`` is idempotent and frees library-owned memory; afterwards every method raises
-    :class:`PagedAttnError` with ``INVALID_HANDLE``. It may be closed before or after its
-    backend and the batches planned against it.
+    Create one with the constructor (library-owned, zero-filled memory)::
+
+        cache = pa.KVCache(backend, num_layers=32, num_blocks=4096, block_size=16,
+                           num_kv_heads=8, head_size=128, dtype=pa.Dtype.FLOAT16)
+
+    or over caller memory with :meth:`wrap` (numpy arrays or ``__dlpack__`` tensors used in
+    place). :meth:`create` is the same as the constructor (kept for existing code).
+
+    The cache dtype must be given: it is the model's (float32, float16, bfloat16) or an fp8
+    type, and the library refuses q/k/v of another dtype. numpy users pass ``Dtype.FLOAT32`` or
+    ``Dtype.FLOAT16`` (or ``Dtype.BFLOAT16`` with ``ml_dtypes.bfloat16`` arrays or
+    :class:`BFloat16Array`).
+
+    A cache keeps its :class:`Backend` (and wrapped arrays) alive. ``close()`` is idempotent and
+    frees library-owned memory; afterwards every method raises :class:`PagedAttnError` with
+    ``INVALID_HANDLE``. It may be closed before or after its backend and the batches planned
+    against it.
+
+    Args:
+        backend: the backend whose device holds the cache.
+        num_layers, num_blocks, block_size, num_kv_heads, head_size: the geometry.
+        dtype: a :class:`Dtype` (required).
+        layout: :class:`Layout` (NHD by default).
+        host: allocate pinned host memory of a GPU backend (a swap target).
+
+    Raises:
+        PagedAttnError: ``UNSUPPORTED`` (head/block size or dtype), ``INVALID_ARGUMENT``,
+            ``OUT_OF_MEMORY``...
+        TypeError, OverflowError: a size that is not an integer or does not fit int32 (nothing
+            is allocated).
     """
 
     _kind = "KVCache"
 
-    def __init__(self, ptr: int, backend: Backend, keep: Any = None) -> None:
+    def __init__(self, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
+                 num_kv_heads: int, head_size: int, dtype: Dtype, layout: Layout = Layout.NHD,
+                 host: bool = False) -> None:
+        bh = backend._handle()
+        desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size,
+                         enum_arg(Dtype, dtype, "dtype"), enum_arg(Layout, layout, "layout"),
+                         KV_CACHE_HOST if host else 0)._struct()
+        out = ctypes.c_void_p()
+        _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), bh, ctypes.byref(desc)))
+        self._adopt(out.value, backend, None)
+
+    def _adopt(self, ptr: int, backend: Backend, keep: Any) -> None:
+        """Takes ownership of the C cache ``ptr`` (destroyed on close) and records its
+        geometry, which never changes."""
         super().__init__(ptr, _lib().pagedattn_kv_cache_destroy)
         self.backend = backend
         self._keep = keep  # wrapped memory must stay valid until the cache is destroyed
+        d = _ffi.KVCacheDescStruct()
+        _check(_lib().pagedattn_kv_cache_desc_init(ctypes.byref(d)))
+        _check(_lib().pagedattn_kv_cache_get_desc(ctypes.byref(d), ptr))
+        self._geometry = CacheDesc(d.num_layers, d.num_blocks, d.block_size, d.num_kv_heads,
+                                   d.head_size, Dtype(d.dtype), Layout(d.layout), d.flags)
 
     @classmethod
     def create(cls, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
-               num_kv_heads: int, head_size: int, dtype: Dtype = Dtype.BFLOAT16,
-               layout: Layout = Layout.NHD, host: bool = False) -> "KVCache":
-        """Allocates a zero-filled cache on the backend's device (``host=True``: pinned host
-        memory of a GPU backend, for swaps).
+               num_kv_heads: int, head_size: int, dtype: Dtype, layout: Layout = Layout.NHD,
+               host: bool = False) -> "KVCache":
+        """Same as the constructor ``KVCache(backend, ...)``: allocates a zero-filled cache on
+        the backend's device (``host=True``: pinned host memory of a GPU backend, for swaps).
+        ``dtype`` is required.
 
         Raises:
             PagedAttnError: ``UNSUPPORTED`` (head/block size or dtype), ``INVALID_ARGUMENT``,
@@ -113,25 +146,23 @@ class KVCache(_Handle):
             TypeError, OverflowError: a size that is not an integer or does not fit int32 (nothing
             is allocated).
         """
-        bh = backend._handle()
-        desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size,
-                         enum_arg(Dtype, dtype, "dtype"), enum_arg(Layout, layout, "layout"),
-                         KV_CACHE_HOST if host else 0)._struct()
-        out = ctypes.c_void_p()
-        _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), bh, ctypes.byref(desc)))
-        return cls(out.value, backend)
+        return cls(backend, num_layers=num_layers, num_blocks=num_blocks, block_size=block_size,
+                   num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype, layout=layout,
+                   host=host)
 
     @classmethod
     def wrap(cls, backend: Backend, k_layers: Sequence[Any], v_layers: Sequence[Any], *,
              layout: Layout = Layout.NHD, dtype: Optional[Dtype] = None) -> "KVCache":
         """A cache over caller memory, used in place (zero copy).
 
-        Each entry of ``k_layers`` / ``v_layers`` is one layer's blocks: a numpy array,
-        :class:`BFloat16Array` or ``__dlpack__`` object of shape ``[num_blocks, block_size,
-        num_kv_heads, head_size]`` (NHD) or ``[num_blocks, num_kv_heads, block_size, head_size]``
-        (HND), any strides with a unit innermost stride, the same for every layer. ``dtype`` is
-        taken from the arrays (float32/float16/bfloat16); fp8 caches pass ``uint8`` arrays and
-        ``dtype=Dtype.FP8_E4M3`` or ``FP8_E5M2``. The arrays are kept alive by the cache.
+        Each entry of ``k_layers`` / ``v_layers`` is one layer's blocks: a numpy array
+        (ml_dtypes included), :class:`BFloat16Array` or ``__dlpack__`` object of shape
+        ``[num_blocks, block_size, num_kv_heads, head_size]`` (NHD) or ``[num_blocks,
+        num_kv_heads, block_size, head_size]`` (HND), any strides with a unit innermost stride,
+        the same for every layer. ``dtype`` is taken from the arrays (float32/float16/bfloat16,
+        and fp8 from ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2``); fp8 caches may also pass
+        ``uint8`` arrays and ``dtype=Dtype.FP8_E4M3`` or ``FP8_E5M2``. The arrays are kept
+        alive by the cache.
         """
         backend._handle()  # a closed backend is INVALID_HANDLE before anything else
         if len(k_layers) == 0 or len(k_layers) != len(v_layers):
@@ -142,12 +173,10 @@ class KVCache(_Handle):
         first = args[0]
         if len(first.shape) != 4:
             raise ValueError(f"wrap: layers must be 4-D, got shape {first.shape}")
-        t0 = first.pointer.contents
-        strides0 = _strides_of(first)
+        strides0 = first.strides
         for a in args[1:]:
-            if a.shape != first.shape or _strides_of(a) != strides0 or \
-               (a.code, a.bits) != (first.code, first.bits) or \
-               (a.device_type, a.device_id) != (first.device_type, first.device_id):
+            if a.shape != first.shape or a.strides != strides0 or \
+               (a.code, a.bits) != (first.code, first.bits) or a.device != first.device:
                 raise ValueError("wrap: every layer needs the same shape, strides, dtype, device")
         if dtype is None:
             try:
@@ -177,20 +206,19 @@ class KVCache(_Handle):
         mem.k_layers = ctypes.cast(kptrs, ctypes.POINTER(ctypes.c_void_p))
         mem.v_layers = ctypes.cast(vptrs, ctypes.POINTER(ctypes.c_void_p))
         mem.block_stride, mem.slot_stride, mem.head_stride = block_s, slot_s, head_s
-        mem.device = _ffi.Device(t0.device.device_type, t0.device.device_id)
+        mem.device = _ffi.Device(*first.device)
         out = ctypes.c_void_p()
         _check(_lib().pagedattn_kv_cache_wrap(ctypes.byref(out), backend._handle(),
                                               ctypes.byref(desc), ctypes.byref(mem)))
-        return cls(out.value, backend, keep=[a.keep for a in args])
+        cache = cls.__new__(cls)
+        cache._adopt(out.value, backend, [a.keep for a in args])
+        return cache
 
     @property
     def desc(self) -> CacheDesc:
-        """The cache's geometry."""
-        d = _ffi.KVCacheDescStruct()
-        _check(_lib().pagedattn_kv_cache_desc_init(ctypes.byref(d)))
-        _check(_lib().pagedattn_kv_cache_get_desc(ctypes.byref(d), self._handle()))
-        return CacheDesc(d.num_layers, d.num_blocks, d.block_size, d.num_kv_heads, d.head_size,
-                         Dtype(d.dtype), Layout(d.layout), d.flags)
+        """The cache's geometry (read from the library when the cache was made)."""
+        self._handle()
+        return self._geometry
 
     @property
     def bytes_per_block(self) -> int:
@@ -217,11 +245,14 @@ class KVCache(_Handle):
                 isinstance(slot_mapping, np.ndarray) and slot_mapping.dtype.kind in "iu"
                 and slot_mapping.dtype not in (np.int32, np.int64)):
             slot_mapping = int_array(slot_mapping, np.int64, "slot_mapping")
-        tk, tv = as_tensor(key, "key"), as_tensor(value, "value")
-        ts = as_tensor(slot_mapping, "slot_mapping")
-        _check(_lib().pagedattn_kv_cache_write(h, checked_int(layer, "int32", "layer"), tk.pointer,
-                                               tv.pointer, ts.pointer, k_scale, v_scale,
-                                               stream_arg(stream)))
+        layer = checked_int(layer, "int32", "layer")
+        stream = stream_arg(stream)
+        gpu = self.backend._gpu
+        ka, kkeep = describe(key, "key", False, gpu, stream)
+        va, vkeep = describe(value, "value", False, gpu, stream)
+        sa, skeep = describe(slot_mapping, "slot_mapping", False, gpu, stream)
+        _check(_lib().pagedattn_kv_cache_write(h, layer, ka, va, sa, k_scale, v_scale, stream))
+        del kkeep, vkeep, skeep  # alive until the call returned
 
     def copy_blocks(self, pairs: Any, *, stream: Optional[int] = None) -> None:
         """Copies whole blocks (K and V, every layer): ``pairs`` is ``[(src, dst), ...]`` or a

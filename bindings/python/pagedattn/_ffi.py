@@ -118,16 +118,18 @@ _P64 = ctypes.POINTER(c_int64)
 
 
 class BatchDescStruct(ctypes.Structure):
+    # The array fields are const int32_t* / const int64_t* in C; declared as addresses so that
+    # a data address can be stored without building a ctypes pointer object.
     _fields_ = [
         ("struct_size", c_uint32),
         ("num_seqs", c_int32),
-        ("query_lens", _P32),
-        ("context_lens", _P32),
-        ("block_tables", _P32),
+        ("query_lens", c_void_p),
+        ("context_lens", c_void_p),
+        ("block_tables", c_void_p),
         ("block_table_stride", c_int32),
-        ("slot_mapping", _P64),
-        ("encoder_lens", _P32),
-        ("cross_block_tables", _P32),
+        ("slot_mapping", c_void_p),
+        ("encoder_lens", c_void_p),
+        ("cross_block_tables", c_void_p),
         ("cross_block_table_stride", c_int32),
         ("max_num_seqs", c_int32),
         ("max_num_tokens", c_int64),
@@ -167,12 +169,11 @@ class AttentionOptionsStruct(ctypes.Structure):
         ("write_kv", c_int32),
         ("k_scale", c_float),
         ("v_scale", c_float),
-        ("alibi_slopes", ctypes.POINTER(TensorStruct)),
+        ("alibi_slopes", c_void_p),  # const pagedattn_tensor*
         ("flags", c_uint32),
     ]
 
 
-_PT = ctypes.POINTER(TensorStruct)
 _status = ctypes.c_int
 
 # name: (restype, argtypes)
@@ -222,9 +223,11 @@ _PROTOTYPES = {
         _status,
         [ctypes.POINTER(c_void_p), ctypes.POINTER(c_void_p), _P64, c_void_p, c_int32],
     ),
+    # Tensor arguments are passed as addresses (of a DLPack capsule's DLTensor or of a
+    # TensorStruct): see _tensor.py.
     "pagedattn_kv_cache_write": (
         _status,
-        [c_void_p, c_int32, _PT, _PT, _PT, c_float, c_float, c_void_p],
+        [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_float, c_float, c_void_p],
     ),
     "pagedattn_kv_cache_copy_blocks": (_status, [c_void_p, _P32, c_size_t, c_void_p]),
     "pagedattn_kv_cache_swap_blocks": (_status, [c_void_p, c_void_p, _P32, c_size_t, c_void_p]),
@@ -239,9 +242,9 @@ _PROTOTYPES = {
     "pagedattn_batch_desc_init": (_status, [ctypes.POINTER(BatchDescStruct)]),
     "pagedattn_batch_create": (
         _status,
-        [ctypes.POINTER(c_void_p), c_void_p, c_void_p, c_void_p, ctypes.POINTER(BatchDescStruct)],
+        [ctypes.POINTER(c_void_p), c_void_p, c_void_p, c_void_p, c_void_p],
     ),
-    "pagedattn_batch_update": (_status, [c_void_p, ctypes.POINTER(BatchDescStruct)]),
+    "pagedattn_batch_update": (_status, [c_void_p, c_void_p]),
     "pagedattn_batch_destroy": (None, [c_void_p]),
     "pagedattn_batch_get_info": (_status, [ctypes.POINTER(BatchInfoStruct), c_void_p]),
     "pagedattn_batch_get_slot_mapping": (
@@ -257,28 +260,34 @@ _PROTOTYPES = {
         [ctypes.POINTER(_P64), ctypes.POINTER(c_int64), c_void_p],
     ),
     "pagedattn_attention_options_init": (_status, [ctypes.POINTER(AttentionOptionsStruct)]),
-    "pagedattn_forward": (
-        _status,
-        [
-            c_void_p,
-            c_void_p,
-            c_void_p,
-            c_int32,
-            ctypes.POINTER(AttentionOptionsStruct),
-            _PT,
-            _PT,
-            _PT,
-            _PT,
-            _PT,
-            c_void_p,
-        ],
-    ),
-    "pagedattn_merge_states": (_status, [c_void_p, _PT, _PT, _PT, _PT, _PT, _PT, c_void_p]),
+    # backend, batch, cache, layer, options, q, k, v, out, lse, stream
+    "pagedattn_forward": (_status, [c_void_p, c_void_p, c_void_p, c_int32] + [c_void_p] * 7),
+    # backend, out, lse_out, o1, lse1, o2, lse2, stream
+    "pagedattn_merge_states": (_status, [c_void_p] * 8),
 }
+
+# The library major version this binding is written against (PAGEDATTN_VERSION_MAJOR): a
+# library of another major version has another ABI and is refused at load.
+EXPECTED_MAJOR = 0
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _lib_path: Optional[str] = None
+
+
+def check_version(lib: ctypes.CDLL, path: str, expected_major: Optional[int] = None) -> None:
+    """Raises :class:`OSError` unless the library's major version (``pagedattn_version``) is
+    ``expected_major`` (default :data:`EXPECTED_MAJOR`), as ``version.h`` asks of dynamic
+    loaders."""
+    want = EXPECTED_MAJOR if expected_major is None else expected_major
+    major, minor, patch = c_int32(), c_int32(), c_int32()
+    lib.pagedattn_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
+    if major.value != want:
+        raise OSError(
+            f"pagedattn: {path} is libpagedattn {major.value}.{minor.value}.{patch.value}, but "
+            f"this binding needs major version {want} (a different major version has a "
+            "different ABI); install a matching libpagedattn or pagedattn binding"
+        )
 
 
 def _candidates() -> List[str]:
@@ -318,7 +327,8 @@ def load() -> ctypes.CDLL:
 
     Search order: the file named by ``PAGEDATTN_LIBRARY``; else ``libpagedattn.so`` in
     ``PAGEDATTN_LIB_DIR``; else the libdir that ``pkg-config pagedattn`` reports; else the system
-    loader. Raises :class:`OSError` listing every place tried.
+    loader. Raises :class:`OSError` listing every place tried, or naming the library found
+    when its major version is not :data:`EXPECTED_MAJOR`.
     """
     global _lib, _lib_path
     if _lib is not None:
@@ -337,6 +347,7 @@ def load() -> ctypes.CDLL:
                 fn = getattr(lib, name)
                 fn.restype = res
                 fn.argtypes = args
+            check_version(lib, path)  # an explicit choice too: refused, never skipped
             _lib_path = path
             _lib = lib
             return lib

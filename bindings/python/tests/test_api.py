@@ -499,8 +499,11 @@ def test_every_method_after_close_raises_invalid_handle(be: pa.Backend) -> None:
         },
         "KVCache": {
             "__enter__": lambda: cache.__enter__(),
+            "__init__": lambda: pa.KVCache(cbe, num_layers=1, num_blocks=4, block_size=16,
+                                           num_kv_heads=2, head_size=64, dtype=pa.Dtype.FLOAT32),
             "create": lambda: pa.KVCache.create(cbe, num_layers=1, num_blocks=4, block_size=16,
-                                                num_kv_heads=2, head_size=64),
+                                                num_kv_heads=2, head_size=64,
+                                                dtype=pa.Dtype.FLOAT32),
             "wrap": lambda: pa.KVCache.wrap(cbe, [np.zeros((4, 16, 2, 64), np.float32)],
                                             [np.zeros((4, 16, 2, 64), np.float32)]),
             "desc": lambda: cache.desc,

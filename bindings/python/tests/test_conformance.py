@@ -120,10 +120,12 @@ def run(c: Case):
             tables = None if att == "encoder_only" else c.arr("tables.bin", np.int32, (S, stride))
             cross = att == "cross"
             xt = c.arr("cross_tables.bin", np.int32, (S, c.i("cross_table_stride"))) if cross else None
+            # Capacities as the C runner plans them (0 = this batch's size), not the binding's
+            # defaults.
             batch = pa.Batch(be, cache, c.ints("query_lens"), c.ints("context_lens"), tables,
                              cross_cache=cache if cross else None,
                              encoder_lens=c.ints("encoder_lens") if cross else None,
-                             cross_block_tables=xt)
+                             cross_block_tables=xt, max_blocks_per_seq=0, max_seq_len=0)
             step = "batch_get_slot_mapping"
             outs["slots.bin"] = batch.slot_mapping.tobytes()
             step = "forward"

@@ -111,8 +111,11 @@ CACHE_SIZES = ["num_layers", "num_blocks", "block_size", "num_kv_heads", "head_s
 @pytest.mark.parametrize("arg,ctype,value", cases(*[(a, "int32", INT32) for a in CACHE_SIZES]))
 def test_cache_create_sizes(monkeypatch: pytest.MonkeyPatch, be: pa.Backend, arg: str,
                             ctype: str, value: int) -> None:
-    geometry = dict(num_layers=1, num_blocks=8, block_size=16, num_kv_heads=2, head_size=64)
+    geometry = dict(num_layers=1, num_blocks=8, block_size=16, num_kv_heads=2, head_size=64,
+                    dtype=pa.Dtype.FLOAT16)
     geometry[arg] = value
+    with never_reaches(monkeypatch, "pagedattn_kv_cache_create"), overflow(arg, ctype, value):
+        pa.KVCache(be, **geometry)
     with never_reaches(monkeypatch, "pagedattn_kv_cache_create"), overflow(arg, ctype, value):
         pa.KVCache.create(be, **geometry)
 
@@ -334,8 +337,8 @@ def test_non_integers_are_type_errors(w: World, value: Any) -> None:
         ("attention_type", lambda: w.forward(attention_type=value)),
         ("layer", lambda: w.cache.write(value, w.k, w.v, [0])),
         ("layer", lambda: w.cache.layer(value)),
-        ("num_blocks", lambda: pa.KVCache.create(w.be, num_layers=1, num_blocks=value,
-                                                 block_size=16, num_kv_heads=2, head_size=64)),
+        ("num_blocks", lambda: pa.KVCache(w.be, num_layers=1, num_blocks=value, block_size=16,
+                                          num_kv_heads=2, head_size=64, dtype=pa.Dtype.FLOAT16)),
         ("dtype", lambda: pa.KVCache.create(w.be, num_layers=1, num_blocks=8, block_size=16,
                                             num_kv_heads=2, head_size=64, dtype=value)),
         ("layout", lambda: pa.bytes_per_block(1, 16, 2, 64, pa.Dtype.FLOAT16, layout=value)),

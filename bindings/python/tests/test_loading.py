@@ -56,3 +56,31 @@ def test_missing_library_is_a_clear_error(tmp_path: Path) -> None:
     r = run_probe({"PAGEDATTN_LIBRARY": missing})
     assert r.returncode != 0
     assert "cannot load libpagedattn" in r.stderr and missing in r.stderr
+
+
+def test_library_major_version_is_checked() -> None:
+    from pagedattn import _ffi
+
+    major = pa.version()[0]
+    assert _ffi.EXPECTED_MAJOR == major
+    _ffi.check_version(_ffi.load(), pa.library_path())  # the library in use passes
+    with pytest.raises(OSError, match=rf"is libpagedattn {major}\.\d+\.\d+, but this binding "
+                                      rf"needs major version {major + 1}"):
+        _ffi.check_version(_ffi.load(), pa.library_path(), expected_major=major + 1)
+
+
+def test_other_major_version_is_refused_at_load() -> None:
+    """A binding expecting another major version refuses the library at its first use (the
+    expectation is patched before the library is loaded, in a fresh interpreter)."""
+    probe = ("import pagedattn as pa, pagedattn._ffi as f; f.EXPECTED_MAJOR += 1\n"
+             "try:\n    pa.version()\nexcept OSError as e:\n    print('refused:', e)\n"
+             "else:\n    raise SystemExit('loaded a library of another major version')\n"
+             "try:\n    pa.Backend('cpu')\nexcept OSError:\n    print('still refused')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = PKG_DIR
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("refused: pagedattn: ") and "needs major version" in lines[0]
+    assert lines[1] == "still refused"
