@@ -12,7 +12,7 @@ const NUM_HEADS: usize = 8;
 const NUM_KV_HEADS: usize = 2; // grouped-query attention: 4 query heads share one KV head
 const HEAD_SIZE: usize = 64;
 const BLOCK_SIZE: usize = 16;
-const NUM_BLOCKS: i32 = 16;
+const NUM_BLOCKS: usize = 16;
 const MAX_BLOCKS_PER_SEQ: usize = 4;
 const KV_ROW: usize = NUM_KV_HEADS * HEAD_SIZE;
 const Q_ROW: usize = NUM_HEADS * HEAD_SIZE;
@@ -48,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut values = keys.clone();
     let mut query = vec![0f32; NUM_SEQS * Q_ROW];
     for s in 0..NUM_SEQS {
-        for t in 0..=context_lens[s] as usize {
+        for t in 0..=usize::try_from(context_lens[s])? {
             for e in 0..KV_ROW {
                 keys[s][t][e] = rng.uniform();
                 values[s][t][e] = rng.uniform();
@@ -69,30 +69,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let desc = CacheDesc {
         num_layers: 1,
         num_blocks: NUM_BLOCKS,
-        block_size: BLOCK_SIZE as i32,
-        num_kv_heads: NUM_KV_HEADS as i32,
-        head_size: HEAD_SIZE as i32,
+        block_size: BLOCK_SIZE,
+        num_kv_heads: NUM_KV_HEADS,
+        head_size: HEAD_SIZE,
         dtype: DType::F32,
         layout: Layout::Nhd,
         flags: 0,
     };
-    let mut cache = KvCache::new(&backend, &desc)?;
+    let cache = KvCache::new(&backend, &desc)?;
 
     // Earlier steps stored the context: write it with an explicit slot mapping.
     let (mut ctx_k, mut ctx_v, mut ctx_slots) = (Vec::new(), Vec::new(), Vec::new());
     for s in 0..NUM_SEQS {
-        for p in 0..context_lens[s] as usize {
+        for p in 0..usize::try_from(context_lens[s])? {
             ctx_k.extend_from_slice(&keys[s][p]);
             ctx_v.extend_from_slice(&values[s][p]);
-            let block = block_tables[s * MAX_BLOCKS_PER_SEQ + p / BLOCK_SIZE] as i64;
-            ctx_slots.push(block * BLOCK_SIZE as i64 + (p % BLOCK_SIZE) as i64);
+            let block = usize::try_from(block_tables[s * MAX_BLOCKS_PER_SEQ + p / BLOCK_SIZE])?;
+            ctx_slots.push(i64::try_from(block * BLOCK_SIZE + p % BLOCK_SIZE)?);
         }
     }
     let ctx_shape = [ctx_slots.len(), NUM_KV_HEADS, HEAD_SIZE];
     cache.write(
         0,
-        &Tensor::new(&ctx_k, DType::F32, &ctx_shape)?,
-        &Tensor::new(&ctx_v, DType::F32, &ctx_shape)?,
+        &Tensor::from_slice(&ctx_k, &ctx_shape)?,
+        &Tensor::from_slice(&ctx_v, &ctx_shape)?,
         &Tensor::from_i64(&ctx_slots),
         1.0,
         1.0,
@@ -103,27 +103,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         query_lens: &query_lens,
         context_lens: &context_lens,
         block_tables: Some(&block_tables),
-        block_table_stride: MAX_BLOCKS_PER_SEQ as i32,
+        block_table_stride: MAX_BLOCKS_PER_SEQ,
         ..BatchDesc::default()
     })?;
 
     // The new tokens' k/v: row s is sequence s's token at position context_lens[s].
-    let new_k: Vec<f32> = (0..NUM_SEQS).flat_map(|s| keys[s][context_lens[s] as usize]).collect();
-    let new_v: Vec<f32> = (0..NUM_SEQS).flat_map(|s| values[s][context_lens[s] as usize]).collect();
+    let positions: Vec<usize> = context_lens.iter().map(|&c| usize::try_from(c)).collect::<Result<_, _>>()?;
+    let new_k: Vec<f32> = (0..NUM_SEQS).flat_map(|s| keys[s][positions[s]]).collect();
+    let new_v: Vec<f32> = (0..NUM_SEQS).flat_map(|s| values[s][positions[s]]).collect();
     let mut output = vec![0f32; NUM_SEQS * Q_ROW];
     let q_shape = [NUM_SEQS, NUM_HEADS, HEAD_SIZE];
     let kv_shape = [NUM_SEQS, NUM_KV_HEADS, HEAD_SIZE];
     // write_kv (the default): store the new k/v in the cache, then attend over everything.
-    let opts = AttentionOptions::new(NUM_HEADS as i32, NUM_KV_HEADS as i32, HEAD_SIZE as i32);
+    let opts = AttentionOptions::new(NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE);
     backend.forward(
         &batch,
-        Some(&mut cache),
+        Some(&cache),
         0,
         &opts,
-        &Tensor::new(&query, DType::F32, &q_shape)?,
-        Some(&Tensor::new(&new_k, DType::F32, &kv_shape)?),
-        Some(&Tensor::new(&new_v, DType::F32, &kv_shape)?),
-        &mut TensorMut::new(&mut output, DType::F32, &q_shape)?,
+        &Tensor::from_slice(&query, &q_shape)?,
+        Some(&Tensor::from_slice(&new_k, &kv_shape)?),
+        Some(&Tensor::from_slice(&new_v, &kv_shape)?),
+        &mut TensorMut::from_slice(&mut output, &q_shape)?,
         None,
     )?;
 
@@ -137,7 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut max_err, mut max_ref) = (0f64, 0f64);
     let scale = 1.0 / (HEAD_SIZE as f64).sqrt();
     for s in 0..NUM_SEQS {
-        let n = context_lens[s] as usize + 1;
+        let n = positions[s] + 1;
         for h in 0..NUM_HEADS {
             let kvh = h / (NUM_HEADS / NUM_KV_HEADS);
             let q = &query[s * Q_ROW + h * HEAD_SIZE..][..HEAD_SIZE];

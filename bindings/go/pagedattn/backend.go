@@ -172,24 +172,28 @@ func NewAttentionOptions(numHeads, numKVHeads, headSize int) AttentionOptions {
 		WriteKV: true, KScale: 1, VScale: 1}
 }
 
-func checkDims(ts ...*Tensor) error {
-	for _, t := range ts {
-		if t != nil && len(t.shape) > maxDims {
-			return goError(BadTensor, "%d dimensions (at most %d)", len(t.shape), maxDims)
-		}
-	}
-	return nil
+// ForwardArgs are the arguments of one Forward. Batch, Options, Q and Out are required; a nil
+// Batch or Cache goes to the library as NULL, which refuses it with its own message.
+type ForwardArgs struct {
+	Batch   *Batch            // the planned step
+	Cache   *KVCache          // self-attention cache (Decoder, Encoder) or cross cache (Cross); nil only for EncoderOnly
+	Layer   int               // layer of the cache
+	Options *AttentionOptions // from NewAttentionOptions, adjusted as needed
+	Q       *Tensor           // [tokens, H, D]
+	K, V    *Tensor           // [rows, Hkv, D]; nil when not needed (no WriteKV, not an encoder)
+	Out     *Tensor           // [tokens, H, D] of Q's dtype
+	LSE     *Tensor           // optional float32 [tokens, H]
 }
 
-// Forward runs one layer of attention for a planned batch. q: [tokens, H, D]; k, v: [rows, Hkv,
-// D] (nil when not needed); out: [tokens, H, D] of q's dtype; lse: optional float32 [tokens, H].
-// cache is the self-attention cache (decoder, encoder) or the cross cache; nil only for
-// EncoderOnly. On error nothing is written.
-func (b *Backend) Forward(batch *Batch, cache *KVCache, layer int, opts *AttentionOptions, q, k, v, out, lse *Tensor) error {
-	if opts == nil || q == nil || out == nil {
-		return goError(NullPointer, "options, q and out are required")
+// Forward runs one layer of attention for a planned batch. On error nothing is written: a tensor
+// refused by its constructor (see Tensor.Err) is reported before the library is called.
+// Goroutines may run forwards on one cache at once with distinct batches and outputs, when the
+// blocks they write are disjoint from those the others touch.
+func (b *Backend) Forward(a ForwardArgs) error {
+	if a.Options == nil || a.Q == nil || a.Out == nil {
+		return goError(NullPointer, "Options, Q and Out are required")
 	}
-	if err := checkDims(q, k, v, out, lse, opts.AlibiSlopes); err != nil {
+	if err := checkTensors(a.Q, a.K, a.V, a.Out, a.LSE, a.Options.AlibiSlopes); err != nil {
 		return err
 	}
 	bp, err := b.handle().acquire()
@@ -197,22 +201,21 @@ func (b *Backend) Forward(batch *Batch, cache *KVCache, layer int, opts *Attenti
 		return err
 	}
 	defer b.h.release()
-	// A nil batch or cache goes to C as NULL: the library owns those refusals and their messages.
 	var tp, cp unsafe.Pointer
-	if batch != nil {
-		if tp, err = batch.h.acquire(); err != nil {
+	if a.Batch != nil {
+		if tp, err = a.Batch.h.acquire(); err != nil {
 			return err
 		}
-		defer batch.h.release()
+		defer a.Batch.h.release()
 	}
-	if cache != nil {
-		if cp, err = cache.h.acquire(); err != nil {
+	if a.Cache != nil {
+		if cp, err = a.Cache.h.acquire(); err != nil {
 			return err
 		}
-		defer cache.h.release()
+		defer a.Cache.h.release()
 	}
-	err = cForward(bp, tp, cp, layer, opts, q, k, v, out, lse)
-	keepAlive(q, k, v, out, lse, opts.AlibiSlopes)
+	err = cForward(bp, tp, cp, a.Layer, a.Options, a.Q, a.K, a.V, a.Out, a.LSE)
+	keepAlive(a.Q, a.K, a.V, a.Out, a.LSE, a.Options.AlibiSlopes)
 	return err
 }
 
@@ -222,7 +225,7 @@ func (b *Backend) MergeStates(out, lseOut, o1, lse1, o2, lse2 *Tensor, opts ...C
 	if out == nil || o1 == nil || lse1 == nil || o2 == nil || lse2 == nil {
 		return goError(NullPointer, "out, o1, lse1, o2 and lse2 are required")
 	}
-	if err := checkDims(out, lseOut, o1, lse1, o2, lse2); err != nil {
+	if err := checkTensors(out, lseOut, o1, lse1, o2, lse2); err != nil {
 		return err
 	}
 	p, err := b.handle().acquire()

@@ -130,7 +130,7 @@ func (c *KVCache) Write(layer int, key, value, slots *Tensor, kScale, vScale flo
 	if key == nil || value == nil || slots == nil {
 		return goError(NullPointer, "key, value and slots are required")
 	}
-	if err := checkDims(key, value, slots); err != nil {
+	if err := checkTensors(key, value, slots); err != nil {
 		return err
 	}
 	p, err := c.handle().acquire()

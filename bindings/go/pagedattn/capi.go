@@ -1,13 +1,13 @@
 package pagedattn
 
-// Everything that touches C lives in this file. Each wrapper below calls one pagedattn function
+// Everything that touches C lives in this file (the link flags come from cgo_pkgconfig.go or
+// cgo_flags.go, by build tag). Each wrapper below calls one pagedattn function
 // and, on failure, copies pagedattn_last_error() into the caller's buffer within the same C call:
 // the message is thread-local and a goroutine may move to another thread between two cgo calls.
 // Tensor and batch descriptors hold pointers, so they are assembled here in C from pointer-free
 // Go structs plus the data pointers passed as direct arguments (cgo's pointer rules).
 
 /*
-#cgo pkg-config: pagedattn
 #include <stdlib.h>
 #include <string.h>
 #include <pagedattn/pagedattn.h>

@@ -290,7 +290,8 @@ func runCase(dir string) (string, error) {
 			if m.i("null_batch") != 0 {
 				use = nil // passed to C as NULL
 			}
-			if err := be.Forward(use, cache, m.i("layer"), &o, q, k, v, ot, lt); err != nil {
+			args := ForwardArgs{Batch: use, Cache: cache, Layer: m.i("layer"), Options: &o, Q: q, K: k, V: v, Out: ot, LSE: lt}
+			if err := be.Forward(args); err != nil {
 				return &stepError{"forward", err}, nil
 			}
 		case "copy_blocks":

@@ -1,14 +1,22 @@
 // Package pagedattn drives libpagedattn, attention for LLM serving over a paged KV cache,
 // through cgo.
 //
-// A Backend creates KVCaches and plans Batches; Backend.Forward runs one layer of attention and
-// Backend.MergeStates combines partial results. Every handle has Close (a second Close, or any
-// use after Close, returns an *Error instead of crashing) and a finalizer as a safety net. Every
-// failure is an *Error carrying the library's status code and message. Host tensors are Go
-// slices wrapped by NewTensor; device memory goes through TensorFromPointer.
+// Import it as github.com/pagedattn/pagedattn/bindings/go/pagedattn (module
+// github.com/pagedattn/pagedattn/bindings/go); outside this repository, point a replace
+// directive at a local checkout (see README.md beside go.mod).
+//
+// A Backend creates KVCaches and plans Batches; Backend.Forward runs one layer of attention
+// (its arguments in a ForwardArgs) and Backend.MergeStates combines partial results. Every
+// handle has Close (a second Close, or any use after Close, returns an *Error instead of
+// crashing) and a finalizer as a safety net. Every failure is an *Error carrying the library's
+// status code and message. Host tensors are Go slices wrapped by Float32Tensor, BFloat16Tensor,
+// Float16Tensor or HostTensor, which defer a bad description's error to the call that uses the
+// tensor (NewTensor reports it at once); device memory goes through TensorFromPointer.
 //
 // The library is found through pkg-config (module "pagedattn"); from a Meson build tree set
-// PKG_CONFIG_PATH=<builddir>/meson-uninstalled and LD_LIBRARY_PATH=<builddir>/lib.
+// PKG_CONFIG_PATH=<builddir>/meson-uninstalled (an absolute path) and, to run,
+// LD_LIBRARY_PATH=<builddir>/lib. Building with the tag pagedattn_nopkgconfig skips pkg-config:
+// CGO_CFLAGS and CGO_LDFLAGS then say where the headers and library are.
 package pagedattn
 
 import (

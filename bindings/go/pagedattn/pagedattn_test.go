@@ -307,8 +307,8 @@ func TestForwardReferenceAndMerge(t *testing.T) {
 	for p := range slots {
 		slots[p] = int64(tables[p/4])*4 + int64(p%4)
 	}
-	if err := cache.Write(0, must(NewTensor(keys[:ctx*row], Float32, ctx, hkv, dd)),
-		must(NewTensor(vals[:ctx*row], Float32, ctx, hkv, dd)), Int64Tensor(slots), 1, 1); err != nil {
+	if err := cache.Write(0, Float32Tensor(keys[:ctx*row], ctx, hkv, dd),
+		Float32Tensor(vals[:ctx*row], ctx, hkv, dd), Int64Tensor(slots), 1, 1); err != nil {
 		t.Fatal(err)
 	}
 	batch := must(NewBatch(be, cache, nil, &BatchDesc{QueryLens: []int32{1}, ContextLens: []int32{ctx}, BlockTables: tables, BlockTableStride: 2}))
@@ -317,10 +317,10 @@ func TestForwardReferenceAndMerge(t *testing.T) {
 	out := make([]float32, h*dd)
 	lse := make([]float32, h)
 	opts := NewAttentionOptions(h, hkv, dd)
-	qt := must(NewTensor(q, Float32, 1, h, dd))
-	if err := be.Forward(batch, cache, 0, &opts, qt, must(NewTensor(keys[ctx*row:], Float32, 1, hkv, dd)),
-		must(NewTensor(vals[ctx*row:], Float32, 1, hkv, dd)), must(NewTensor(out, Float32, 1, h, dd)),
-		must(NewTensor(lse, Float32, 1, h))); err != nil {
+	qt := Float32Tensor(q, 1, h, dd)
+	if err := be.Forward(ForwardArgs{Batch: batch, Cache: cache, Options: &opts, Q: qt,
+		K: Float32Tensor(keys[ctx*row:], 1, hkv, dd), V: Float32Tensor(vals[ctx*row:], 1, hkv, dd),
+		Out: Float32Tensor(out, 1, h, dd), LSE: Float32Tensor(lse, 1, h)}); err != nil {
 		t.Fatal(err)
 	}
 	scale := 1 / math.Sqrt(dd)
@@ -358,7 +358,8 @@ func TestForwardReferenceAndMerge(t *testing.T) {
 		out2[i] = float32(math.NaN())
 	}
 	bad := NewAttentionOptions(h, 3, dd)
-	wantCode(t, be.Forward(batch, cache, 0, &bad, qt, nil, nil, must(NewTensor(out2, Float32, 1, h, dd)), nil), InvalidArgument)
+	wantCode(t, be.Forward(ForwardArgs{Batch: batch, Cache: cache, Options: &bad, Q: qt, Out: Float32Tensor(out2, 1, h, dd)}),
+		InvalidArgument)
 	for _, x := range out2 {
 		if !math.IsNaN(float64(x)) {
 			t.Fatal("refused forward wrote out")
@@ -439,3 +440,68 @@ func TestErrorsFromManyGoroutines(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+func TestDeferredTensorErrors(t *testing.T) {
+	be := cpuBackend(t)
+	cache := must(NewKVCache(be, smallDesc(NHD)))
+	defer cache.Close()
+	batch := must(NewBatch(be, cache, nil, &BatchDesc{QueryLens: []int32{1}, ContextLens: []int32{0},
+		BlockTables: []int32{3}, BlockTableStride: 1}))
+	defer batch.Close()
+	q, kv := values(4*8, 40), values(2*8, 41)
+	out := make([]float32, 4*8)
+	for i := range out {
+		out[i] = float32(math.NaN())
+	}
+	opts := NewAttentionOptions(4, 2, 8)
+	good := ForwardArgs{Batch: batch, Cache: cache, Options: &opts, Q: Float32Tensor(q, 1, 4, 8),
+		K: Float32Tensor(kv, 1, 2, 8), V: Float32Tensor(kv, 1, 2, 8), Out: Float32Tensor(out, 1, 4, 8)}
+	for _, tt := range good.tensors() {
+		if err := tt.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A shape that does not match its slice: the constructor keeps the error, the call returns it
+	// and writes nothing (cache and out untouched).
+	before := must(cache.ReadBlocks([]int32{3}))
+	bad := Float32Tensor(kv, 2, 2, 8)
+	e := wantCode(t, bad.Err(), BadTensor)
+	if !strings.Contains(e.Msg, "does not match shape") {
+		t.Fatalf("message %q", e.Msg)
+	}
+	args := good
+	args.K = bad
+	if err := be.Forward(args); err != bad.Err() {
+		t.Fatalf("Forward returned %v, want the tensor's own error", err)
+	}
+	wantCode(t, cache.Write(0, bad, bad, Int64Tensor([]int64{12, 13}), 1, 1), BadTensor)
+	wantCode(t, be.MergeStates(Float32Tensor(out, 1, 4, 8), nil, Float32Tensor(q, 1, 4, 8),
+		Float32Tensor(make([]float32, 4), 1, 4), Float32Tensor(q, 2, 4, 8), Float32Tensor(make([]float32, 4), 1, 4)), BadTensor)
+	wantCode(t, HostTensor(kv, BFloat16, 1, 2, 8).Err(), BadTensor) // float32 slice, bfloat16 dtype
+	for _, x := range out {
+		if !math.IsNaN(float64(x)) {
+			t.Fatal("a refused call wrote out")
+		}
+	}
+	if after := must(cache.ReadBlocks([]int32{3})); string(after) != string(before) {
+		t.Fatal("a refused call wrote the cache")
+	}
+
+	// The 16-bit constructors pick the dtype; a valid tensor's Err is nil.
+	bits := make([]uint16, 2*8)
+	if bt := BFloat16Tensor(bits, 1, 2, 8); bt.Err() != nil || bt.DType() != DLBFloat16 {
+		t.Fatalf("bfloat16: %v %+v", bt.Err(), bt.DType())
+	}
+	if ht := Float16Tensor(bits, 1, 2, 8); ht.Err() != nil || ht.DType() != DLFloat16 {
+		t.Fatalf("float16: %v %+v", ht.Err(), ht.DType())
+	}
+	// Required arguments.
+	wantCode(t, be.Forward(ForwardArgs{Batch: batch, Cache: cache, Q: good.Q, Out: good.Out}), NullPointer)
+	if err := be.Forward(good); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tensors lists the arguments' tensors.
+func (a ForwardArgs) tensors() []*Tensor { return []*Tensor{a.Q, a.K, a.V, a.Out} }

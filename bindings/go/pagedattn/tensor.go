@@ -6,8 +6,11 @@ import (
 )
 
 // Tensor describes memory the library reads or writes: data, device, DLPack type, shape and
-// element strides (DLPack's DLTensor). Build one over a Go slice with NewTensor (checked against
-// the slice's length) or over other memory with TensorFromPointer.
+// element strides (DLPack's DLTensor). Build one over a Go slice with Float32Tensor,
+// BFloat16Tensor, Float16Tensor or HostTensor, which check the shape against the slice and keep
+// any error in the tensor: the call that receives it (Forward, Write, MergeStates) returns that
+// error, so a call site needs one error check, not one per tensor. NewTensor checks at once
+// instead. TensorFromPointer describes other memory.
 type Tensor struct {
 	data       unsafe.Pointer
 	keep       interface{} // the Go slice behind data, kept alive across calls
@@ -16,6 +19,16 @@ type Tensor struct {
 	shape      []int64
 	strides    []int64
 	byteOffset uint64
+	err        error // why the constructor refused the description; nil if valid
+}
+
+// Err returns why the tensor's constructor refused it (an *Error with code BadTensor), or nil.
+// Calls given a refused tensor return this error without reaching the library.
+func (t *Tensor) Err() error {
+	if t == nil {
+		return nil
+	}
+	return t.err
 }
 
 // Element is a Go type that can hold tensor elements: float32, uint16 (the bits of float16 or
@@ -84,9 +97,31 @@ func slicePtr[T any](data []T) unsafe.Pointer {
 	return unsafe.Pointer(&data[0])
 }
 
-// NewTensor describes a compact row-major tensor over data (len(data) must equal the product of
+// HostTensor describes a compact row-major tensor over data (len(data) must equal the product of
 // shape). dtype says how the elements are encoded: float32 slices hold Float32, uint16 slices
-// Float16 or BFloat16, uint8 slices fp8.
+// Float16 or BFloat16, uint8 slices fp8. It never returns nil: a description that does not fit
+// data yields a tensor whose Err is set, and which every call refuses with that error.
+func HostTensor[T Element](data []T, dtype DType, shape ...int) *Tensor {
+	t, err := NewTensor(data, dtype, shape...)
+	if err != nil {
+		return &Tensor{err: err}
+	}
+	return t
+}
+
+// Float32Tensor is HostTensor(data, Float32, shape...).
+func Float32Tensor(data []float32, shape ...int) *Tensor { return HostTensor(data, Float32, shape...) }
+
+// BFloat16Tensor is HostTensor(bits, BFloat16, shape...): bits holds bfloat16 values' bit
+// patterns.
+func BFloat16Tensor(bits []uint16, shape ...int) *Tensor { return HostTensor(bits, BFloat16, shape...) }
+
+// Float16Tensor is HostTensor(bits, Float16, shape...): bits holds IEEE float16 values' bit
+// patterns.
+func Float16Tensor(bits []uint16, shape ...int) *Tensor { return HostTensor(bits, Float16, shape...) }
+
+// NewTensor is HostTensor that reports a bad description at once instead of at the call using
+// the tensor.
 func NewTensor[T Element](data []T, dtype DType, shape ...int) (*Tensor, error) {
 	var zero T
 	if !holds(unsafe.Sizeof(zero), dtype) {
@@ -148,6 +183,23 @@ func (t *Tensor) DType() DataType { return t.dtype }
 
 // Device returns where the tensor's data lives.
 func (t *Tensor) Device() Device { return t.device }
+
+// checkTensors returns the construction error of the first refused tensor, or an error for one
+// with more dimensions than the C shim carries; nil tensors are left to the library.
+func checkTensors(ts ...*Tensor) error {
+	for _, t := range ts {
+		if t == nil {
+			continue
+		}
+		if t.err != nil {
+			return t.err
+		}
+		if len(t.shape) > maxDims {
+			return goError(BadTensor, "%d dimensions (at most %d)", len(t.shape), maxDims)
+		}
+	}
+	return nil
+}
 
 func keepAlive(ts ...*Tensor) {
 	for _, t := range ts {

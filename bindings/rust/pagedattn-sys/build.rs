@@ -1,68 +1,25 @@
-//! Finds libpagedattn and its headers, then runs bindgen over the public umbrella header.
+//! Tells cargo how to link libpagedattn; with the `bindgen` feature, also regenerates the
+//! bindings from the C headers (otherwise the checked-in `src/bindings.rs` is used).
 //!
-//! Search order: PAGEDATTN_LIB_DIR (or the directory of PAGEDATTN_LIBRARY) with
-//! PAGEDATTN_INCLUDE_DIRS (colon-separated; derived from a Meson build tree when unset), then
-//! pkg-config's `pagedattn` module.
+//! Where the library is looked for, first hit wins:
+//! 1. `PAGEDATTN_LIB_DIR` (the directory holding libpagedattn.so) or `PAGEDATTN_LIBRARY` (the
+//!    file itself). A relative path is tried against the directory `cargo` was run from (`$PWD`),
+//!    the workspace (`bindings/rust`) and this package, since cargo runs this script in the
+//!    package's own directory.
+//! 2. `pkg-config pagedattn`, through the `pkg-config` crate (so `PKG_CONFIG_PATH` applies; a
+//!    Meson build tree's `meson-uninstalled/` directory works too).
 //!
-//! Relative paths in those variables: cargo runs this script in the package's own directory and
-//! does not say where it was invoked, so a relative path is tried against, in order, the shell's
-//! working directory (`$PWD`, where `cargo` was typed), the workspace root (the nearest
-//! directory above this package whose Cargo.toml has `[workspace]`, i.e. `bindings/rust`) and
-//! this package's directory; the first place where the library (or header) exists wins. So
-//! `cd bindings/rust && PAGEDATTN_LIB_DIR=../../build/lib cargo run --example decode` finds the
-//! Meson build tree at the top of the repository. Absolute paths are used as they are.
+//! Not finding the library is not an error: the script warns and still asks for `-lpagedattn`,
+//! so `cargo doc` and `cargo check` work without it and a real link fails naming the library.
+//! Under docs.rs (`DOCS_RS` set) nothing is probed.
 
 use std::env;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+/// What the search found: library directories and (when known) header directories.
 struct Found {
     lib_dirs: Vec<PathBuf>,
     include_dirs: Vec<PathBuf>,
-}
-
-/// The nearest directory at or above `start` whose Cargo.toml declares `[workspace]`.
-fn workspace_root(start: &Path) -> Option<PathBuf> {
-    start.ancestors().find_map(|dir| {
-        let text = std::fs::read_to_string(dir.join("Cargo.toml")).ok()?;
-        text.lines().any(|l| l.trim() == "[workspace]").then(|| dir.to_path_buf())
-    })
-}
-
-/// Where a relative path from the environment may be meant from, most likely first.
-fn bases() -> Vec<PathBuf> {
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let mut out = Vec::new();
-    if let Some(pwd) = env::var_os("PWD").map(PathBuf::from).filter(|p| p.is_absolute()) {
-        out.push(pwd);
-    }
-    if let Some(root) = workspace_root(&manifest) {
-        out.push(root);
-    }
-    out.push(manifest);
-    out.dedup();
-    out
-}
-
-/// Resolves the path `value` of environment variable `var`: absolute as is; relative against
-/// [`bases`], taking the first candidate for which `found` holds. Panics, listing the candidates,
-/// when none does: a build against the wrong or a missing library helps nobody.
-fn resolve(var: &str, value: &str, what: &str, found: impl Fn(&Path) -> bool) -> PathBuf {
-    let path = PathBuf::from(value);
-    if path.is_absolute() {
-        return path;
-    }
-    // The answer depends on where cargo was run from.
-    println!("cargo:rerun-if-env-changed=PWD");
-    let candidates: Vec<PathBuf> = bases().iter().map(|b| b.join(&path)).collect();
-    match candidates.iter().find(|c| found(c)) {
-        Some(hit) => std::fs::canonicalize(hit).unwrap_or_else(|_| hit.clone()),
-        None => panic!(
-            "{var}={value} is relative and no {what} was found there; tried: {}. \
-             Use an absolute path (e.g. {var}=$PWD/{value}).",
-            candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ")
-        ),
-    }
 }
 
 fn has_library(dir: &Path) -> bool {
@@ -71,107 +28,66 @@ fn has_library(dir: &Path) -> bool {
         .any(|name| dir.join(name).exists())
 }
 
-fn has_header(dir: &Path) -> bool {
-    dir.join("pagedattn").join("pagedattn.h").exists()
-        || dir.join("pagedattn").join("version.h").exists()
+/// Resolves a path from variable `var`: absolute as is; relative against `$PWD`, the workspace
+/// and this package, the first for which `ok` holds. Panics when none does: the variable is an
+/// explicit request, and building against another library than the one named helps nobody.
+fn resolve(var: &str, value: &str, ok: impl Fn(&Path) -> bool) -> PathBuf {
+    let path = PathBuf::from(value);
+    if path.is_absolute() {
+        return path;
+    }
+    println!("cargo:rerun-if-env-changed=PWD");
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let bases = [env::var_os("PWD").map(PathBuf::from), manifest.parent().map(Path::to_path_buf), Some(manifest)];
+    let tried: Vec<PathBuf> = bases.into_iter().flatten().map(|b| b.join(&path)).collect();
+    match tried.iter().find(|p| ok(p)) {
+        Some(hit) => hit.canonicalize().unwrap_or_else(|_| hit.clone()),
+        None => panic!(
+            "{var}={value}: nothing usable at {}; use an absolute path",
+            tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        ),
+    }
 }
 
-fn split_paths(value: &str) -> Vec<PathBuf> {
-    value
-        .split(':')
-        .filter(|s| !s.is_empty())
-        .map(|s| resolve("PAGEDATTN_INCLUDE_DIRS", s, "pagedattn/*.h", has_header))
+/// Headers beside a library directory: a Meson build tree keeps the generated version.h in
+/// `<build>/include` and the rest in the source tree above this crate; an installed prefix has
+/// `<prefix>/include` above `<prefix>/lib[/triplet]`.
+fn include_dirs_near(lib_dir: &Path) -> Vec<PathBuf> {
+    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
+    let mut candidates: Vec<PathBuf> = lib_dir.ancestors().skip(1).take(2).map(|p| p.join("include")).collect();
+    candidates.push(manifest.join("../../../include"));
+    candidates
+        .into_iter()
+        .filter(|d| d.join("pagedattn/pagedattn.h").exists() || d.join("pagedattn/version.h").exists())
         .collect()
 }
 
-/// A Meson build tree keeps libpagedattn.so in <build>/lib and the generated version.h in
-/// <build>/include; the other headers stay in the source tree beside this crate.
-fn derived_include_dirs(lib_dir: &Path) -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    if let Some(parent) = lib_dir.parent() {
-        let generated = parent.join("include");
-        if generated.join("pagedattn").join("version.h").exists() {
-            dirs.push(generated);
-        }
-    }
-    let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let source = manifest.join("..").join("..").join("..").join("include");
-    if source.join("pagedattn").join("pagedattn.h").exists() {
-        dirs.push(source);
-    }
-    // An installed prefix: <prefix>/lib[/triplet] beside <prefix>/include.
-    for up in [lib_dir.parent(), lib_dir.parent().and_then(Path::parent)].into_iter().flatten() {
-        let inc = up.join("include");
-        if inc.join("pagedattn").join("pagedattn.h").exists() {
-            dirs.push(inc);
-        }
-    }
-    dirs
-}
-
+/// The library named by `PAGEDATTN_LIB_DIR` / `PAGEDATTN_LIBRARY`, if either is set.
 fn from_env() -> Option<Found> {
-    let lib_dir = match env::var("PAGEDATTN_LIB_DIR") {
-        Ok(dir) if !dir.is_empty() => {
-            resolve("PAGEDATTN_LIB_DIR", &dir, "libpagedattn", has_library)
-        }
-        _ => match env::var("PAGEDATTN_LIBRARY") {
-            Ok(file) if !file.is_empty() => {
-                resolve("PAGEDATTN_LIBRARY", &file, "file", Path::exists).parent()?.to_path_buf()
-            }
-            _ => return None,
-        },
+    let var = |name: &str| env::var(name).ok().filter(|v| !v.is_empty());
+    let lib_dir = if let Some(dir) = var("PAGEDATTN_LIB_DIR") {
+        resolve("PAGEDATTN_LIB_DIR", &dir, has_library)
+    } else {
+        let file = resolve("PAGEDATTN_LIBRARY", &var("PAGEDATTN_LIBRARY")?, Path::is_file);
+        file.parent().expect("a file has a parent").to_path_buf()
     };
-    let include_dirs = match env::var("PAGEDATTN_INCLUDE_DIRS") {
-        Ok(dirs) if !dirs.is_empty() => split_paths(&dirs),
-        _ => derived_include_dirs(&lib_dir),
+    let include_dirs = match var("PAGEDATTN_INCLUDE_DIRS") {
+        Some(dirs) => dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect(),
+        None => include_dirs_near(&lib_dir),
     };
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    println!("cargo:rustc-link-lib=dylib=pagedattn");
     Some(Found { lib_dirs: vec![lib_dir], include_dirs })
 }
 
-fn pkg_config(args: &[&str]) -> Result<Vec<String>, String> {
-    let out = Command::new(env::var("PKG_CONFIG").unwrap_or_else(|_| "pkg-config".into()))
-        .args(args)
-        .arg("pagedattn")
-        .output()
-        .map_err(|e| format!("cannot run pkg-config: {e}"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect())
-}
-
+/// The library as `pkg-config pagedattn` describes it (the crate prints the link lines).
 fn from_pkg_config() -> Result<Found, String> {
-    let strip = |flags: Vec<String>, prefix: &str| -> Vec<PathBuf> {
-        flags.iter().filter_map(|f| f.strip_prefix(prefix)).map(PathBuf::from).collect()
-    };
-    let include_dirs = strip(pkg_config(&["--cflags-only-I"])?, "-I");
-    let lib_dirs = strip(pkg_config(&["--libs-only-L"])?, "-L");
-    Ok(Found { lib_dirs, include_dirs })
+    let lib = pkg_config::Config::new().probe("pagedattn").map_err(|e| e.to_string())?;
+    Ok(Found { lib_dirs: lib.link_paths, include_dirs: lib.include_paths })
 }
 
-fn main() {
-    for var in ["PAGEDATTN_LIB_DIR", "PAGEDATTN_LIBRARY", "PAGEDATTN_INCLUDE_DIRS",
-                "PKG_CONFIG_PATH", "PKG_CONFIG"] {
-        println!("cargo:rerun-if-env-changed={var}");
-    }
-    let found = match from_env() {
-        Some(found) => found,
-        None => from_pkg_config().unwrap_or_else(|why| {
-            panic!("libpagedattn not found: set PAGEDATTN_LIB_DIR (e.g. <meson build dir>/lib) \
-                    or make `pkg-config pagedattn` work ({why})")
-        }),
-    };
-    for dir in &found.lib_dirs {
-        println!("cargo:rustc-link-search=native={}", dir.display());
-    }
-    println!("cargo:rustc-link-lib=dylib=pagedattn");
-    // Exposed to dependents' build scripts as DEP_PAGEDATTN_LIB_DIR / DEP_PAGEDATTN_INCLUDE.
-    let joined = |dirs: &[PathBuf]| {
-        dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":")
-    };
-    println!("cargo:lib_dir={}", joined(&found.lib_dirs));
-    println!("cargo:include={}", joined(&found.include_dirs));
-
+#[cfg(feature = "bindgen")]
+fn generate(include_dirs: &[PathBuf]) {
     let mut builder = bindgen::Builder::default()
         .header_contents("pagedattn_wrapper.h", "#include <pagedattn/pagedattn.h>\n")
         .allowlist_function("pagedattn_.*")
@@ -182,11 +98,47 @@ fn main() {
         .prepend_enum_name(false)
         .derive_default(true)
         .size_t_is_usize(true)
+        // Layout tests hard-code one target's sizes; the checked-in file must suit every target.
+        .layout_tests(false)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks));
-    for dir in &found.include_dirs {
+    for dir in include_dirs {
         builder = builder.clang_arg(format!("-I{}", dir.display()));
     }
-    let bindings = builder.generate().expect("bindgen failed on pagedattn/pagedattn.h");
-    let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("bindings.rs");
+    let bindings = builder.generate().unwrap_or_else(|e| {
+        panic!("bindgen failed on pagedattn/pagedattn.h ({e}; include dirs {include_dirs:?}; set PAGEDATTN_INCLUDE_DIRS)")
+    });
+    let out = PathBuf::from(env::var("OUT_DIR").expect("set by cargo")).join("bindings.rs");
     bindings.write_to_file(out).expect("cannot write bindings.rs");
+}
+
+fn main() {
+    for var in ["PAGEDATTN_LIB_DIR", "PAGEDATTN_LIBRARY", "PAGEDATTN_INCLUDE_DIRS", "DOCS_RS"] {
+        println!("cargo:rerun-if-env-changed={var}");
+    }
+    if env::var_os("DOCS_RS").is_some() {
+        return;
+    }
+    let found = match from_env().map(Ok).unwrap_or_else(from_pkg_config) {
+        Ok(found) => found,
+        Err(why) => {
+            println!(
+                "cargo:warning=libpagedattn not found: set PAGEDATTN_LIB_DIR=<dir with libpagedattn.so> \
+                 or make `pkg-config pagedattn` work (PKG_CONFIG_PATH); linking will fail ({})",
+                // A cargo warning is one line; pkg-config's own stderr says what it missed.
+                why.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
+            );
+            println!("cargo:rustc-link-lib=dylib=pagedattn");
+            let source = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo")).join("../../../include");
+            let include_dirs = env::var("PAGEDATTN_INCLUDE_DIRS")
+                .map(|d| d.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect())
+                .unwrap_or_else(|_| vec![source]);
+            Found { lib_dirs: Vec::new(), include_dirs }
+        }
+    };
+    // Seen by the build scripts of direct dependents as DEP_PAGEDATTN_LIB_DIR / DEP_PAGEDATTN_INCLUDE.
+    let join = |dirs: &[PathBuf]| dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(":");
+    println!("cargo:lib_dir={}", join(&found.lib_dirs));
+    println!("cargo:include={}", join(&found.include_dirs));
+    #[cfg(feature = "bindgen")]
+    generate(&found.include_dirs);
 }

@@ -99,14 +99,9 @@ func run(backendName string) error {
 			ctxSlots = append(ctxSlots, block*blockSize+int64(p%blockSize))
 		}
 	}
-	tk, err := pagedattn.NewTensor(ctxK, pagedattn.Float32, len(ctxSlots), numKVHeads, headSize)
-	if err != nil {
-		return err
-	}
-	tv, err := pagedattn.NewTensor(ctxV, pagedattn.Float32, len(ctxSlots), numKVHeads, headSize)
-	if err != nil {
-		return err
-	}
+	// A tensor keeps a bad description's error; Write (like Forward) returns it.
+	tk := pagedattn.Float32Tensor(ctxK, len(ctxSlots), numKVHeads, headSize)
+	tv := pagedattn.Float32Tensor(ctxV, len(ctxSlots), numKVHeads, headSize)
 	if err := cache.Write(0, tk, tv, pagedattn.Int64Tensor(ctxSlots), 1, 1); err != nil {
 		return err
 	}
@@ -126,25 +121,19 @@ func run(backendName string) error {
 		newV = append(newV, values[s][contextLens[s]][:]...)
 	}
 	output := make([]float32, numSeqs*qRow)
-	q, err := pagedattn.NewTensor(query, pagedattn.Float32, numSeqs, numHeads, headSize)
-	if err != nil {
-		return err
-	}
-	k, err := pagedattn.NewTensor(newK, pagedattn.Float32, numSeqs, numKVHeads, headSize)
-	if err != nil {
-		return err
-	}
-	v, err := pagedattn.NewTensor(newV, pagedattn.Float32, numSeqs, numKVHeads, headSize)
-	if err != nil {
-		return err
-	}
-	out, err := pagedattn.NewTensor(output, pagedattn.Float32, numSeqs, numHeads, headSize)
-	if err != nil {
-		return err
-	}
 	// WriteKV (the default): store the new k/v in the cache, then attend over everything.
 	opts := pagedattn.NewAttentionOptions(numHeads, numKVHeads, headSize)
-	if err := backend.Forward(batch, cache, 0, &opts, q, k, v, out, nil); err != nil {
+	err = backend.Forward(pagedattn.ForwardArgs{
+		Batch:   batch,
+		Cache:   cache,
+		Layer:   0,
+		Options: &opts,
+		Q:       pagedattn.Float32Tensor(query, numSeqs, numHeads, headSize),
+		K:       pagedattn.Float32Tensor(newK, numSeqs, numKVHeads, headSize),
+		V:       pagedattn.Float32Tensor(newV, numSeqs, numKVHeads, headSize),
+		Out:     pagedattn.Float32Tensor(output, numSeqs, numHeads, headSize),
+	})
+	if err != nil {
 		return err
 	}
 	for s := 0; s < numSeqs; s++ {

@@ -2,8 +2,8 @@
 
 use std::ptr;
 
-use crate::sys;
 use crate::tensor::{Stream, Tensor};
+use crate::{sys, to_c_i32, Result};
 
 /// Which attention a forward computes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -34,21 +34,22 @@ impl AttentionType {
 
 /// Options of one forward (`pagedattn_attention_options`, plus the stream). `Default` matches
 /// `pagedattn_attention_options_init`: scale 1/sqrt(D), no soft cap, no window, decoder,
-/// write_kv, k/v scales 1, no ALiBi, default stream.
+/// write_kv, k/v scales 1, no ALiBi, default stream. `Send + Sync`: one value may serve the
+/// forwards of many threads.
 #[derive(Clone, Debug)]
 pub struct AttentionOptions<'a> {
     /// H: query heads.
-    pub num_heads: i32,
+    pub num_heads: usize,
     /// Hkv: KV heads (H % Hkv == 0).
-    pub num_kv_heads: i32,
+    pub num_kv_heads: usize,
     /// D: head size (must equal the cache's).
-    pub head_size: i32,
+    pub head_size: usize,
     /// Score scale; 0 = 1/sqrt(head_size).
     pub scale: f32,
     /// > 0 enables s = cap * tanh(s / cap); 0 = off.
     pub soft_cap: f32,
     /// W > 0: only keys with p - key_pos < W; 0 = off (decoder only).
-    pub sliding_window: i32,
+    pub sliding_window: usize,
     /// Which attention.
     pub attention_type: AttentionType,
     /// Write the step's k/v into the cache first.
@@ -87,30 +88,31 @@ impl Default for AttentionOptions<'_> {
 
 impl<'a> AttentionOptions<'a> {
     /// Defaults with the given shape.
-    pub fn new(num_heads: i32, num_kv_heads: i32, head_size: i32) -> Self {
+    pub fn new(num_heads: usize, num_kv_heads: usize, head_size: usize) -> Self {
         AttentionOptions { num_heads, num_kv_heads, head_size, ..Default::default() }
     }
 
-    /// The C struct (the ALiBi descriptor must be kept alive by the caller: see forward).
-    pub(crate) fn to_raw(&self) -> RawOptions {
+    /// The C struct, holding the ALiBi descriptor it points to; an [`crate::Status::Overflow`]
+    /// error when a size does not fit int32.
+    pub(crate) fn to_raw(&self) -> Result<RawOptions> {
         let alibi = self.alibi_slopes.map(Tensor::as_raw);
         let mut raw = sys::pagedattn_attention_options::default();
         // SAFETY: valid pointer; fills defaults and struct_size.
         unsafe { sys::pagedattn_attention_options_init(&mut raw) };
-        raw.num_heads = self.num_heads;
-        raw.num_kv_heads = self.num_kv_heads;
-        raw.head_size = self.head_size;
+        raw.num_heads = to_c_i32("num_heads", self.num_heads)?;
+        raw.num_kv_heads = to_c_i32("num_kv_heads", self.num_kv_heads)?;
+        raw.head_size = to_c_i32("head_size", self.head_size)?;
         raw.scale = self.scale;
         raw.soft_cap = self.soft_cap;
-        raw.sliding_window = self.sliding_window;
+        raw.sliding_window = to_c_i32("sliding_window", self.sliding_window)?;
         raw.attention_type = self.attention_type.raw();
-        raw.write_kv = self.write_kv as i32;
+        raw.write_kv = i32::from(self.write_kv);
         raw.k_scale = self.k_scale;
         raw.v_scale = self.v_scale;
         raw.flags = self.flags;
         let mut boxed = Box::new(RawOptionsInner { opts: raw, alibi });
         boxed.opts.alibi_slopes = boxed.alibi.as_ref().map_or(ptr::null(), |t| t as *const _);
-        RawOptions(boxed)
+        Ok(RawOptions(boxed))
     }
 }
 

@@ -7,7 +7,7 @@ use crate::attention::AttentionOptions;
 use crate::batch::Batch;
 use crate::cache::KvCache;
 use crate::tensor::{Device, Stream, Tensor, TensorMut};
-use crate::{check, static_str, sys, DType, Error, Result, Status};
+use crate::{check, from_c, static_str, sys, to_c_i32, DType, Error, Result, Status};
 
 /// One entry of the backend list ([`backends`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,9 +46,9 @@ pub fn backends() -> Result<Vec<BackendInfo>> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendOptions {
     /// GPU ordinal; 0 on CPU.
-    pub device_index: i32,
+    pub device_index: usize,
     /// CPU backends: worker threads, 0 = one per online core.
-    pub num_threads: i32,
+    pub num_threads: usize,
     /// Reserved, must be 0.
     pub flags: u32,
     /// Upper bound on bytes for caches and batch workspaces (0 = unlimited).
@@ -111,7 +111,7 @@ pub struct Capabilities {
     /// Bit i set = head size 8*(i+1) supported.
     pub head_sizes: u32,
     /// CPU: worker threads in use; GPU: 0.
-    pub max_num_threads: i32,
+    pub max_num_threads: usize,
     /// Bytes of device memory (GPU), 0 if unknown or host.
     pub total_memory: u64,
 }
@@ -148,8 +148,8 @@ pub struct Backend {
 // backend to the thread that created it.
 unsafe impl Send for Backend {}
 // SAFETY: backend.h: "a backend handle may be used from many threads at once for calls on
-// distinct batches, outputs and cache regions"; this crate's `&mut` on outputs and caches keeps
-// those distinct, and destroy needs ownership.
+// distinct batches, outputs and cache regions". Outputs are `&mut` here; cache regions are the
+// caller's to keep apart, as in C (see KvCache's Sync); destroy needs ownership.
 unsafe impl Sync for Backend {}
 
 impl Backend {
@@ -166,16 +166,18 @@ impl Backend {
     fn create(name: &str, options: Option<&BackendOptions>) -> Result<Backend> {
         let cname = CString::new(name)
             .map_err(|_| Error::binding(Status::InvalidArgument, "backend name contains NUL"))?;
-        let raw_opts = options.map(|o| {
-            let mut raw = sys::pagedattn_backend_options::default();
-            // SAFETY: valid pointer; fills defaults and struct_size.
-            unsafe { sys::pagedattn_backend_options_init(&mut raw) };
-            raw.device_index = o.device_index;
-            raw.num_threads = o.num_threads;
-            raw.flags = o.flags;
-            raw.memory_limit = o.memory_limit;
-            raw
-        });
+        let raw_opts = options
+            .map(|o| -> Result<_> {
+                let mut raw = sys::pagedattn_backend_options::default();
+                // SAFETY: valid pointer; fills defaults and struct_size.
+                unsafe { sys::pagedattn_backend_options_init(&mut raw) };
+                raw.device_index = to_c_i32("device_index", o.device_index)?;
+                raw.num_threads = to_c_i32("num_threads", o.num_threads)?;
+                raw.flags = o.flags;
+                raw.memory_limit = o.memory_limit;
+                Ok(raw)
+            })
+            .transpose()?;
         let mut out = ptr::null_mut();
         let opts_ptr = raw_opts.as_ref().map_or(ptr::null(), |o| o as *const _);
         // SAFETY: valid out pointer, NUL-terminated name, options NULL or initialised.
@@ -208,7 +210,7 @@ impl Backend {
             layouts: caps.layouts,
             block_sizes: caps.block_sizes,
             head_sizes: caps.head_sizes,
-            max_num_threads: caps.max_num_threads,
+            max_num_threads: from_c("max_num_threads", caps.max_num_threads)?,
             total_memory: caps.total_memory,
         })
     }
@@ -227,12 +229,16 @@ impl Backend {
     /// `[num_tokens, H]`. `cache` is the self-attention cache (decoder, encoder) or the cross
     /// cache (cross); `None` only for encoder-only attention. Runs on `options.stream`. On error
     /// nothing is written.
+    ///
+    /// Threads may run forwards on one cache at once, each with its own batch and output, when
+    /// the blocks they write (with `write_kv`) are disjoint from the blocks the others read or
+    /// write: the C contract, which Rust cannot check (see the crate's "Threads").
     #[allow(clippy::too_many_arguments)] // mirrors pagedattn_forward's arguments
     pub fn forward(
         &self,
         batch: &Batch<'_>,
-        cache: Option<&mut KvCache<'_>>,
-        layer: i32,
+        cache: Option<&KvCache<'_>>,
+        layer: usize,
         options: &AttentionOptions<'_>,
         q: &Tensor<'_>,
         k: Option<&Tensor<'_>>,
@@ -240,7 +246,8 @@ impl Backend {
         out: &mut TensorMut<'_>,
         lse: Option<&mut TensorMut<'_>>,
     ) -> Result<()> {
-        let opts_raw = options.to_raw();
+        let layer = to_c_i32("layer", layer)?;
+        let opts_raw = options.to_raw()?;
         let q_raw = q.as_raw();
         let k_raw = k.map(Tensor::as_raw);
         let v_raw = v.map(Tensor::as_raw);

@@ -5,9 +5,11 @@ use std::ptr::{self, NonNull};
 
 use crate::backend::Backend;
 use crate::cache::KvCache;
-use crate::{check, sys, Error, Result, Status};
+use crate::{check, from_c, sys, to_c_i32, to_c_i64, Error, Result, Status};
 
-/// One step's sequences (`pagedattn_batch_desc`), borrowed from the caller's arrays.
+/// One step's sequences (`pagedattn_batch_desc`), borrowed from the caller's arrays. The arrays
+/// go to C as they are, so they have C's element types; the scalar sizes are `usize`, checked to
+/// fit C's int32 / int64 when the description is used.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchDesc<'d> {
     /// New tokens per sequence (>= 0); its length is the number of sequences.
@@ -17,7 +19,7 @@ pub struct BatchDesc<'d> {
     /// Block tables, row-major `[num_seqs][block_table_stride]`; `None` only for encoder-only.
     pub block_tables: Option<&'d [i32]>,
     /// Entries per block-table row.
-    pub block_table_stride: i32,
+    pub block_table_stride: usize,
     /// Optional caller slot mapping (`sum(query_lens)` slots, -1 = padding).
     pub slot_mapping: Option<&'d [i64]>,
     /// Cross attention: encoder tokens per sequence.
@@ -25,17 +27,17 @@ pub struct BatchDesc<'d> {
     /// Cross attention: `[num_seqs][cross_block_table_stride]`.
     pub cross_block_tables: Option<&'d [i32]>,
     /// Entries per cross block-table row.
-    pub cross_block_table_stride: i32,
+    pub cross_block_table_stride: usize,
     /// Capacity for updates: sequences (0 = this batch's).
-    pub max_num_seqs: i32,
+    pub max_num_seqs: usize,
     /// Capacity: tokens.
-    pub max_num_tokens: i64,
+    pub max_num_tokens: usize,
     /// Capacity: table width.
-    pub max_blocks_per_seq: i32,
+    pub max_blocks_per_seq: usize,
     /// Capacity: encoder tokens.
-    pub max_num_encoder_tokens: i64,
+    pub max_num_encoder_tokens: usize,
     /// Capacity: context_len + query_len (and encoder_len).
-    pub max_seq_len: i64,
+    pub max_seq_len: usize,
 }
 
 fn too_short(what: &str, len: usize, need: usize) -> Error {
@@ -50,20 +52,31 @@ impl BatchDesc<'_> {
     /// The C struct, after checking that every array is as long as the C side will read.
     fn raw_desc(&self) -> Result<sys::pagedattn_batch_desc> {
         let n = self.query_lens.len();
-        let num_seqs = i32::try_from(n).map_err(|_| Error::binding(Status::Overflow, "too many sequences"))?;
+        let mut raw = sys::pagedattn_batch_desc::default();
+        // SAFETY: valid pointer; sets struct_size.
+        unsafe { sys::pagedattn_batch_desc_init(&mut raw) };
+        // Scalars first: a size C cannot hold is refused as such, whatever the arrays.
+        raw.num_seqs = to_c_i32("num_seqs", n)?;
+        raw.block_table_stride = to_c_i32("block_table_stride", self.block_table_stride)?;
+        raw.cross_block_table_stride = to_c_i32("cross_block_table_stride", self.cross_block_table_stride)?;
+        raw.max_num_seqs = to_c_i32("max_num_seqs", self.max_num_seqs)?;
+        raw.max_num_tokens = to_c_i64("max_num_tokens", self.max_num_tokens)?;
+        raw.max_blocks_per_seq = to_c_i32("max_blocks_per_seq", self.max_blocks_per_seq)?;
+        raw.max_num_encoder_tokens = to_c_i64("max_num_encoder_tokens", self.max_num_encoder_tokens)?;
+        raw.max_seq_len = to_c_i64("max_seq_len", self.max_seq_len)?;
         if self.context_lens.len() != n {
             return Err(too_short("context_lens", self.context_lens.len(), n));
         }
-        let table_need = |stride: i32| n.saturating_mul(stride.max(0) as usize);
+        let table_need = |stride: usize| n.saturating_mul(stride);
         if let Some(t) = self.block_tables {
             if t.len() < table_need(self.block_table_stride) {
                 return Err(too_short("block_tables", t.len(), table_need(self.block_table_stride)));
             }
         }
         if let Some(s) = self.slot_mapping {
-            let tokens: i64 = self.query_lens.iter().map(|&q| q.max(0) as i64).sum();
-            if (s.len() as i64) < tokens {
-                return Err(too_short("slot_mapping", s.len(), tokens as usize));
+            let tokens: usize = self.query_lens.iter().map(|&q| usize::try_from(q).unwrap_or(0)).sum();
+            if s.len() < tokens {
+                return Err(too_short("slot_mapping", s.len(), tokens));
             }
         }
         if let Some(e) = self.encoder_lens {
@@ -76,23 +89,13 @@ impl BatchDesc<'_> {
                 return Err(too_short("cross_block_tables", t.len(), table_need(self.cross_block_table_stride)));
             }
         }
-        let mut raw = sys::pagedattn_batch_desc::default();
-        // SAFETY: valid pointer; sets struct_size.
-        unsafe { sys::pagedattn_batch_desc_init(&mut raw) };
-        raw.num_seqs = num_seqs;
+        // The arrays were checked against what the C side reads.
         raw.query_lens = self.query_lens.as_ptr();
         raw.context_lens = self.context_lens.as_ptr();
         raw.block_tables = opt_ptr(self.block_tables);
-        raw.block_table_stride = self.block_table_stride;
         raw.slot_mapping = opt_ptr(self.slot_mapping);
         raw.encoder_lens = opt_ptr(self.encoder_lens);
         raw.cross_block_tables = opt_ptr(self.cross_block_tables);
-        raw.cross_block_table_stride = self.cross_block_table_stride;
-        raw.max_num_seqs = self.max_num_seqs;
-        raw.max_num_tokens = self.max_num_tokens;
-        raw.max_blocks_per_seq = self.max_blocks_per_seq;
-        raw.max_num_encoder_tokens = self.max_num_encoder_tokens;
-        raw.max_seq_len = self.max_seq_len;
         Ok(raw)
     }
 }
@@ -101,27 +104,27 @@ impl BatchDesc<'_> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BatchInfo {
     /// Sequences.
-    pub num_seqs: i32,
+    pub num_seqs: usize,
     /// sum(query_lens): rows of q/k/v/out.
-    pub num_tokens: i64,
+    pub num_tokens: usize,
     /// Rows of k/v in a cross forward that writes the cross cache.
-    pub num_encoder_tokens: i64,
+    pub num_encoder_tokens: usize,
     /// Sequences with query_len == 1.
-    pub num_decode_seqs: i32,
+    pub num_decode_seqs: usize,
     /// Sequences with query_len > 1.
-    pub num_prefill_seqs: i32,
+    pub num_prefill_seqs: usize,
     /// Longest query.
-    pub max_query_len: i32,
+    pub max_query_len: usize,
     /// max(context_len + query_len).
-    pub max_seq_len: i64,
+    pub max_seq_len: usize,
     /// Capacity: sequences.
-    pub max_num_seqs: i32,
+    pub max_num_seqs: usize,
     /// Capacity: tokens.
-    pub max_num_tokens: i64,
+    pub max_num_tokens: usize,
     /// Capacity: table width.
-    pub max_blocks_per_seq: i32,
+    pub max_blocks_per_seq: usize,
     /// Block size of the cache planned against.
-    pub block_size: i32,
+    pub block_size: usize,
 }
 
 /// A validated and planned batch (`pagedattn_batch`); borrows its backend for `'a`.
@@ -186,17 +189,17 @@ impl<'a> Batch<'a> {
         // SAFETY: valid out struct; live handle.
         check(unsafe { sys::pagedattn_batch_get_info(&mut raw, self.raw.as_ptr()) })?;
         Ok(BatchInfo {
-            num_seqs: raw.num_seqs,
-            num_tokens: raw.num_tokens,
-            num_encoder_tokens: raw.num_encoder_tokens,
-            num_decode_seqs: raw.num_decode_seqs,
-            num_prefill_seqs: raw.num_prefill_seqs,
-            max_query_len: raw.max_query_len,
-            max_seq_len: raw.max_seq_len,
-            max_num_seqs: raw.max_num_seqs,
-            max_num_tokens: raw.max_num_tokens,
-            max_blocks_per_seq: raw.max_blocks_per_seq,
-            block_size: raw.block_size,
+            num_seqs: from_c("num_seqs", raw.num_seqs)?,
+            num_tokens: from_c("num_tokens", raw.num_tokens)?,
+            num_encoder_tokens: from_c("num_encoder_tokens", raw.num_encoder_tokens)?,
+            num_decode_seqs: from_c("num_decode_seqs", raw.num_decode_seqs)?,
+            num_prefill_seqs: from_c("num_prefill_seqs", raw.num_prefill_seqs)?,
+            max_query_len: from_c("max_query_len", raw.max_query_len)?,
+            max_seq_len: from_c("max_seq_len", raw.max_seq_len)?,
+            max_num_seqs: from_c("max_num_seqs", raw.max_num_seqs)?,
+            max_num_tokens: from_c("max_num_tokens", raw.max_num_tokens)?,
+            max_blocks_per_seq: from_c("max_blocks_per_seq", raw.max_blocks_per_seq)?,
+            block_size: from_c("block_size", raw.block_size)?,
         })
     }
 
@@ -206,8 +209,9 @@ impl<'a> Batch<'a> {
         let (mut p, mut n) = (ptr::null(), 0i64);
         // SAFETY: valid out pointers; live handle.
         check(unsafe { sys::pagedattn_batch_get_slot_mapping(&mut p, &mut n, self.raw.as_ptr()) })?;
+        let n = from_c("array length", n)?;
         // SAFETY: the batch owns `n` entries at `p` until update/destroy, which need `&mut self`.
-        Ok(unsafe { borrowed(p, n as usize) })
+        Ok(unsafe { borrowed(p, n) })
     }
 
     /// The first row of each sequence, then the number of tokens (num_seqs + 1 entries).
@@ -215,8 +219,9 @@ impl<'a> Batch<'a> {
         let (mut p, mut n) = (ptr::null(), 0i32);
         // SAFETY: as slot_mapping.
         check(unsafe { sys::pagedattn_batch_get_query_start(&mut p, &mut n, self.raw.as_ptr()) })?;
+        let n = from_c("array length", n)?;
         // SAFETY: as slot_mapping.
-        Ok(unsafe { borrowed(p, n as usize) })
+        Ok(unsafe { borrowed(p, n) })
     }
 
     /// Slots of the cross cache for the encoder tokens a cross forward writes (empty without
@@ -225,8 +230,9 @@ impl<'a> Batch<'a> {
         let (mut p, mut n) = (ptr::null(), 0i64);
         // SAFETY: as slot_mapping.
         check(unsafe { sys::pagedattn_batch_get_cross_slot_mapping(&mut p, &mut n, self.raw.as_ptr()) })?;
+        let n = from_c("array length", n)?;
         // SAFETY: as slot_mapping.
-        Ok(unsafe { borrowed(p, n as usize) })
+        Ok(unsafe { borrowed(p, n) })
     }
 }
 

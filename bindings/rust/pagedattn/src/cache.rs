@@ -6,7 +6,7 @@ use std::ptr::{self, NonNull};
 
 use crate::backend::Backend;
 use crate::tensor::{check_element, Device, Element, Stream, Tensor};
-use crate::{check, sys, DType, Error, Result, Status};
+use crate::{check, from_c, sys, to_c_i32, to_c_i64, DType, Error, Result, Status};
 
 /// Order of a block's elements.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -29,19 +29,20 @@ impl Layout {
 }
 
 /// Geometry of a cache (`pagedattn_kv_cache_desc`). `Default` matches
-/// `pagedattn_kv_cache_desc_init`: zero sizes, NHD, bfloat16, no flags.
+/// `pagedattn_kv_cache_desc_init`: zero sizes, NHD, bfloat16, no flags. The sizes are checked
+/// to fit C's int32 when the description is used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheDesc {
     /// Layers (>= 1).
-    pub num_layers: i32,
+    pub num_layers: usize,
     /// Blocks (>= 1).
-    pub num_blocks: i32,
+    pub num_blocks: usize,
     /// Tokens per block: a power of two the backend supports.
-    pub block_size: i32,
+    pub block_size: usize,
     /// KV heads (>= 1).
-    pub num_kv_heads: i32,
+    pub num_kv_heads: usize,
     /// Head size.
-    pub head_size: i32,
+    pub head_size: usize,
     /// Element type: the model's, or fp8.
     pub dtype: DType,
     /// Block layout.
@@ -69,51 +70,52 @@ impl CacheDesc {
     /// Flag: place the cache in (pinned) host memory owned by the backend, for swaps.
     pub const HOST: u32 = sys::PAGEDATTN_KV_CACHE_HOST;
 
-    pub(crate) fn to_raw(self) -> sys::pagedattn_kv_cache_desc {
+    pub(crate) fn to_raw(self) -> Result<sys::pagedattn_kv_cache_desc> {
         let mut raw = sys::pagedattn_kv_cache_desc::default();
         // SAFETY: valid pointer; sets struct_size.
         unsafe { sys::pagedattn_kv_cache_desc_init(&mut raw) };
-        raw.num_layers = self.num_layers;
-        raw.num_blocks = self.num_blocks;
-        raw.block_size = self.block_size;
-        raw.num_kv_heads = self.num_kv_heads;
-        raw.head_size = self.head_size;
+        raw.num_layers = to_c_i32("num_layers", self.num_layers)?;
+        raw.num_blocks = to_c_i32("num_blocks", self.num_blocks)?;
+        raw.block_size = to_c_i32("block_size", self.block_size)?;
+        raw.num_kv_heads = to_c_i32("num_kv_heads", self.num_kv_heads)?;
+        raw.head_size = to_c_i32("head_size", self.head_size)?;
         raw.dtype = self.dtype.raw();
         raw.layout = self.layout.raw();
         raw.flags = self.flags;
-        raw
+        Ok(raw)
     }
 
     /// Bytes one block takes across all layers, K and V; also one block's record in
     /// [`KvCache::read_blocks`] buffers.
     pub fn bytes_per_block(&self) -> Result<u64> {
-        let raw = self.to_raw();
+        let raw = self.to_raw()?;
         let mut out = 0u64;
         // SAFETY: valid pointers.
         check(unsafe { sys::pagedattn_kv_cache_bytes_per_block(&mut out, &raw) })?;
         Ok(out)
     }
 
-    /// Compact element strides (block, slot, head) of the layout.
-    pub fn compact_strides(&self) -> [i64; 3] {
-        let (bs, h, d) = (self.block_size as i64, self.num_kv_heads as i64, self.head_size as i64);
-        match self.layout {
-            Layout::Nhd => [bs * h * d, h * d, d],
-            Layout::Hnd => [h * bs * d, d, bs * d],
-        }
+    /// Compact element strides (block, slot, head) of the layout; an [`Status::Overflow`] error
+    /// when a block's size overflows `usize`.
+    pub fn compact_strides(&self) -> Result<[usize; 3]> {
+        let (bs, h, d) = (self.block_size, self.num_kv_heads, self.head_size);
+        let overflow = || Error::binding(Status::Overflow, format!("block of {bs} x {h} x {d} elements"));
+        let hd = h.checked_mul(d).ok_or_else(overflow)?;
+        let block = hd.checked_mul(bs).ok_or_else(overflow)?;
+        Ok(match self.layout {
+            Layout::Nhd => [block, hd, d],
+            Layout::Hnd => [block, d, bs.checked_mul(d).ok_or_else(overflow)?],
+        })
     }
 
     /// Elements one layer's K (or V) reaches with these strides, or None on overflow/bad input.
-    fn layer_extent(&self, strides: [i64; 3]) -> Option<usize> {
-        if strides.iter().any(|&s| s < 0) || self.num_blocks < 1 || self.block_size < 1
-            || self.num_kv_heads < 1 || self.head_size < 1 {
-            return None;
+    fn layer_extent(&self, strides: [usize; 3]) -> Option<usize> {
+        let dims = [self.num_blocks, self.block_size, self.num_kv_heads];
+        let mut last = self.head_size.checked_sub(1)?;
+        for (n, s) in dims.into_iter().zip(strides) {
+            last = last.checked_add(n.checked_sub(1)?.checked_mul(s)?)?;
         }
-        let last = (self.num_blocks as i64 - 1).checked_mul(strides[0])?
-            .checked_add((self.block_size as i64 - 1).checked_mul(strides[1])?)?
-            .checked_add((self.num_kv_heads as i64 - 1).checked_mul(strides[2])?)?
-            .checked_add(self.head_size as i64)?;
-        usize::try_from(last).ok()
+        last.checked_add(1)
     }
 }
 
@@ -125,21 +127,31 @@ pub struct LayerMemory {
     /// Base of the layer's V blocks.
     pub v: *mut c_void,
     /// Element strides: block, slot, head.
-    pub strides: [i64; 3],
+    pub strides: [usize; 3],
 }
 
 /// A paged KV cache (`pagedattn_kv_cache`), owning its memory or wrapping the caller's. It
 /// borrows its backend (and, when wrapped, the caller's memory) for `'a`.
+///
+/// Shared across threads like the C handle: forwards and the writing calls (`write`,
+/// `copy_blocks`, `swap_blocks_from`, `load_blocks`) take `&self`, so threads can use one cache
+/// at once. kv_cache.h lets such calls run concurrently only on disjoint blocks or slots; keeping
+/// them apart is the caller's job, as in C (see the crate's "Threads").
 #[derive(Debug)]
 pub struct KvCache<'a> {
     raw: NonNull<sys::pagedattn_kv_cache>,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
-// SAFETY: kv_cache.h ties no cache to a thread; destroy needs ownership here.
+// SAFETY: kv_cache.h ties no cache to a thread; destroy needs ownership (Drop) here.
 unsafe impl Send for KvCache<'_> {}
-// SAFETY: kv_cache.h: reads of a block may run concurrently, get_desc/get_layer are always
-// thread-safe; every call that writes the cache takes `&mut self` here.
+// SAFETY: kv_cache.h: calls writing a cache may run concurrently with each other and with
+// forwards on disjoint blocks/slots, reads of a block concurrently with each other, and
+// get_desc/get_layer always. Destroy, the one call needing exclusive access, takes ownership.
+// The memory behind the handle holds only K/V numbers, never addresses or sizes the library
+// trusts, and no Rust reference to it exists while the cache lives (owned: library memory;
+// wrapped: borrowed `&mut` for 'a). So calls that break the disjointness rule garble the values
+// of the slots they share and nothing else.
 unsafe impl Sync for KvCache<'_> {}
 
 fn pairs_ptr(pairs: &[[i32; 2]]) -> *const i32 {
@@ -155,7 +167,7 @@ impl<'a> KvCache<'a> {
 
     /// Creates a cache whose memory the library allocates on the backend's device (zeroed).
     pub fn new(backend: &'a Backend, desc: &CacheDesc) -> Result<Self> {
-        let raw = desc.to_raw();
+        let raw = desc.to_raw()?;
         let mut out = ptr::null_mut();
         // SAFETY: valid pointers and a live backend.
         check(unsafe { sys::pagedattn_kv_cache_create(&mut out, backend.as_ptr(), &raw) })?;
@@ -165,23 +177,26 @@ impl<'a> KvCache<'a> {
     /// Creates a cache over host slices, used in place: one slice per layer for K and for V.
     /// `strides` are element strides (block, slot, head); `None` = compact for the layout. Each
     /// slice must hold every element the strides reach; `T` must hold `desc.dtype` (`f32`,
-    /// `u16` for float16/bfloat16, `u8` for fp8). The slices stay borrowed while the cache lives.
+    /// `half::f16`, `half::bf16`, `u16` for float16/bfloat16, `u8` for fp8). The slices stay
+    /// borrowed while the cache lives.
     pub fn wrap<T: Element>(
         backend: &'a Backend,
         desc: &CacheDesc,
         k_layers: Vec<&'a mut [T]>,
         v_layers: Vec<&'a mut [T]>,
-        strides: Option<[i64; 3]>,
+        strides: Option<[usize; 3]>,
     ) -> Result<Self> {
         check_element::<T>(desc.dtype)?;
-        let layers = usize::try_from(desc.num_layers).unwrap_or(0);
-        if k_layers.len() != layers || v_layers.len() != layers {
+        if k_layers.len() != desc.num_layers || v_layers.len() != desc.num_layers {
             return Err(Error::binding(
                 Status::InvalidArgument,
                 format!("{} K and {} V layer slices for num_layers {}", k_layers.len(), v_layers.len(), desc.num_layers),
             ));
         }
-        let s = strides.unwrap_or_else(|| desc.compact_strides());
+        let s = match strides {
+            Some(s) => s,
+            None => desc.compact_strides()?,
+        };
         let need = desc.layer_extent(s).ok_or_else(|| {
             Error::binding(Status::InvalidArgument, format!("cache geometry {desc:?} with strides {s:?}"))
         })?;
@@ -202,29 +217,30 @@ impl<'a> KvCache<'a> {
     ///
     /// # Safety
     /// Each pointer must address memory on `device` holding every element the geometry and
-    /// `strides` reach (`[0; 3]` = compact), valid and not otherwise accessed for `'a`.
+    /// `strides` reach (`[0; 3]` = compact), valid and not otherwise accessed for `'a`, from
+    /// any thread the cache is used on.
     pub unsafe fn wrap_raw(
         backend: &'a Backend,
         desc: &CacheDesc,
         k_layers: &[*mut c_void],
         v_layers: &[*mut c_void],
-        strides: [i64; 3],
+        strides: [usize; 3],
         device: Device,
     ) -> Result<Self> {
-        if k_layers.len() != v_layers.len() || k_layers.len() != desc.num_layers.max(0) as usize {
+        if k_layers.len() != v_layers.len() || k_layers.len() != desc.num_layers {
             return Err(Error::binding(
                 Status::InvalidArgument,
                 format!("{} K and {} V layer pointers for num_layers {}", k_layers.len(), v_layers.len(), desc.num_layers),
             ));
         }
-        let raw = desc.to_raw();
+        let raw = desc.to_raw()?;
         let mem = sys::pagedattn_kv_cache_memory {
             struct_size: std::mem::size_of::<sys::pagedattn_kv_cache_memory>() as u32,
             k_layers: k_layers.as_ptr(),
             v_layers: v_layers.as_ptr(),
-            block_stride: strides[0],
-            slot_stride: strides[1],
-            head_stride: strides[2],
+            block_stride: to_c_i64("block_stride", strides[0])?,
+            slot_stride: to_c_i64("slot_stride", strides[1])?,
+            head_stride: to_c_i64("head_stride", strides[2])?,
             device: device.raw(),
         };
         let mut out = ptr::null_mut();
@@ -248,11 +264,11 @@ impl<'a> KvCache<'a> {
         let dtype = DType::from_raw(raw.dtype)
             .ok_or_else(|| Error::binding(Status::Internal, format!("unknown cache dtype {}", raw.dtype)))?;
         Ok(CacheDesc {
-            num_layers: raw.num_layers,
-            num_blocks: raw.num_blocks,
-            block_size: raw.block_size,
-            num_kv_heads: raw.num_kv_heads,
-            head_size: raw.head_size,
+            num_layers: from_c("num_layers", raw.num_layers)?,
+            num_blocks: from_c("num_blocks", raw.num_blocks)?,
+            block_size: from_c("block_size", raw.block_size)?,
+            num_kv_heads: from_c("num_kv_heads", raw.num_kv_heads)?,
+            head_size: from_c("head_size", raw.head_size)?,
             dtype,
             layout: if raw.layout == sys::PAGEDATTN_LAYOUT_HND { Layout::Hnd } else { Layout::Nhd },
             flags: raw.flags,
@@ -260,19 +276,22 @@ impl<'a> KvCache<'a> {
     }
 
     /// Layer `layer`'s K and V base pointers and element strides, to hand to other code.
-    pub fn layer_memory(&self, layer: i32) -> Result<LayerMemory> {
+    pub fn layer_memory(&self, layer: usize) -> Result<LayerMemory> {
+        let layer = to_c_i32("layer", layer)?;
         let (mut k, mut v, mut strides) = (ptr::null_mut(), ptr::null_mut(), [0i64; 3]);
         // SAFETY: valid out pointers; live handle.
         check(unsafe { sys::pagedattn_kv_cache_get_layer(&mut k, &mut v, strides.as_mut_ptr(), self.raw.as_ptr(), layer) })?;
-        Ok(LayerMemory { k, v, strides })
+        let [b, sl, h] = strides;
+        Ok(LayerMemory { k, v, strides: [from_c("block_stride", b)?, from_c("slot_stride", sl)?, from_c("head_stride", h)?] })
     }
 
     /// Reshape-and-cache: stores `key[t]`, `value[t]` (`[T, Hkv, D]`) at `slot_mapping[t]` (a
     /// 1-D int32/int64 tensor; -1 = padding) of `layer`. Scales apply to fp8 caches only. A host
-    /// slot mapping is checked entirely before anything is written.
+    /// slot mapping is checked entirely before anything is written. Threads may write one cache
+    /// at once when their slots are disjoint (and no forward reads them).
     pub fn write(
-        &mut self,
-        layer: i32,
+        &self,
+        layer: usize,
         key: &Tensor<'_>,
         value: &Tensor<'_>,
         slot_mapping: &Tensor<'_>,
@@ -285,15 +304,16 @@ impl<'a> KvCache<'a> {
     /// As [`KvCache::write`], queued on `stream`.
     #[allow(clippy::too_many_arguments)] // mirrors pagedattn_kv_cache_write's arguments
     pub fn write_on(
-        &mut self,
+        &self,
         stream: Stream,
-        layer: i32,
+        layer: usize,
         key: &Tensor<'_>,
         value: &Tensor<'_>,
         slot_mapping: &Tensor<'_>,
         k_scale: f32,
         v_scale: f32,
     ) -> Result<()> {
+        let layer = to_c_i32("layer", layer)?;
         let (k, v, s) = (key.as_raw(), value.as_raw(), slot_mapping.as_raw());
         // SAFETY: descriptors of borrowed tensors; the library validates shapes and slots.
         check(unsafe {
@@ -302,25 +322,26 @@ impl<'a> KvCache<'a> {
     }
 
     /// Copies whole blocks (K and V, every layer) within the cache: `[src, dst]` pairs.
-    pub fn copy_blocks(&mut self, pairs: &[[i32; 2]]) -> Result<()> {
+    pub fn copy_blocks(&self, pairs: &[[i32; 2]]) -> Result<()> {
         self.copy_blocks_on(Stream::DEFAULT, pairs)
     }
 
     /// As [`KvCache::copy_blocks`], queued on `stream`.
-    pub fn copy_blocks_on(&mut self, stream: Stream, pairs: &[[i32; 2]]) -> Result<()> {
+    pub fn copy_blocks_on(&self, stream: Stream, pairs: &[[i32; 2]]) -> Result<()> {
         // SAFETY: `[i32; 2]` slices are contiguous int32 pairs; live handle.
         check(unsafe { sys::pagedattn_kv_cache_copy_blocks(self.raw.as_ptr(), pairs_ptr(pairs), pairs.len(), stream.as_ptr()) })
     }
 
     /// Copies whole blocks from `src` into this cache: block `pair[0]` of `src` to block
-    /// `pair[1]` of `self`. Geometries must match (layouts and block counts may differ).
-    pub fn swap_blocks_from(&mut self, src: &KvCache<'_>, pairs: &[[i32; 2]]) -> Result<()> {
+    /// `pair[1]` of `self`. Geometries must match (layouts and block counts may differ); `src`
+    /// may be `self`.
+    pub fn swap_blocks_from(&self, src: &KvCache<'_>, pairs: &[[i32; 2]]) -> Result<()> {
         self.swap_blocks_from_on(Stream::DEFAULT, src, pairs)
     }
 
     /// As [`KvCache::swap_blocks_from`], queued on `stream`.
-    pub fn swap_blocks_from_on(&mut self, stream: Stream, src: &KvCache<'_>, pairs: &[[i32; 2]]) -> Result<()> {
-        // SAFETY: as copy_blocks; `self` and `src` cannot alias (`&mut` and `&`).
+    pub fn swap_blocks_from_on(&self, stream: Stream, src: &KvCache<'_>, pairs: &[[i32; 2]]) -> Result<()> {
+        // SAFETY: as copy_blocks; the library accepts src == dst.
         check(unsafe {
             sys::pagedattn_kv_cache_swap_blocks(self.raw.as_ptr(), src.raw.as_ptr(), pairs_ptr(pairs), pairs.len(), stream.as_ptr())
         })
@@ -364,13 +385,13 @@ impl<'a> KvCache<'a> {
 
     /// Loads blocks from a buffer in [`KvCache::read_blocks`]' format (ids unique).
     /// Synchronous: `buffer` is no longer read when the call returns.
-    pub fn load_blocks<T: Element>(&mut self, ids: &[i32], buffer: &[T]) -> Result<()> {
+    pub fn load_blocks<T: Element>(&self, ids: &[i32], buffer: &[T]) -> Result<()> {
         self.load_blocks_on(Stream::DEFAULT, ids, buffer)
     }
 
     /// As [`KvCache::load_blocks`], with the copies queued on `stream` after its earlier work
     /// (GPU backends); still returns only once they are done.
-    pub fn load_blocks_on<T: Element>(&mut self, stream: Stream, ids: &[i32], buffer: &[T]) -> Result<()> {
+    pub fn load_blocks_on<T: Element>(&self, stream: Stream, ids: &[i32], buffer: &[T]) -> Result<()> {
         let bytes = std::mem::size_of_val(buffer);
         // SAFETY: the library reads at most `bytes` bytes, and not after returning.
         check(unsafe {

@@ -6,8 +6,38 @@
 //! outliving its backend and a wrapped cache from outliving the memory it borrows. Every failure
 //! is an [`Error`] carrying the library's status and message.
 //!
-//! Host tensors are slices described by [`Tensor`] (inputs) and [`TensorMut`] (outputs);
-//! device memory goes through the `unsafe` raw constructors.
+//! Host tensors are slices described by [`Tensor`] (inputs) and [`TensorMut`] (outputs), of
+//! `f32`, `half::f16`, `half::bf16` (feature `half`, on by default), or raw `u16` / `u8` bits
+//! with an explicit [`DType`]; device memory goes through the `unsafe` raw constructors.
+//!
+//! # Integers
+//!
+//! Sizes, counts, layer indices and strides are `usize`; they are converted to the C fields'
+//! `int32_t` / `int64_t` with checks, and a value that does not fit is an [`Error`] with
+//! [`Status::Overflow`] ("num_blocks = 4294967296 does not fit int32") before anything reaches
+//! the library. Arrays handed to C without a copy keep C's element type: `query_lens`,
+//! `context_lens`, block tables and block ids are `i32`, slot mappings `i64`.
+//!
+//! # Threads
+//!
+//! The types are as concurrent as the C contract. [`Backend`], [`KvCache`], [`Batch`],
+//! [`Tensor`], [`TensorMut`] and [`AttentionOptions`] are `Send + Sync`. Forwards and the cache's
+//! writing calls take the cache by shared reference, so several threads may run forwards on one
+//! cache at once (each with its own batch and output, as the C API asks): the library requires
+//! that concurrent calls writing a cache touch disjoint blocks, which Rust cannot check. Breaking
+//! it is the caller's logic error, as in C: the calls race on the slots they share, which end up
+//! holding unspecified values; the cache holds plain numbers that never steer an address, so
+//! nothing else is affected. A batch's `update` takes `&mut self`, as the C API needs exclusive
+//! access.
+//!
+//! # Linking and running
+//!
+//! `pagedattn-sys` finds the library at build time through `PAGEDATTN_LIB_DIR` or `pkg-config
+//! pagedattn` and links it dynamically, without an rpath (cargo never passes one to dependents).
+//! At run time the program needs the library on the loader's path: install it (`meson install`,
+//! `ldconfig`), set `LD_LIBRARY_PATH`, or link an rpath into the program; see `pagedattn_sys`'s
+//! documentation and the README for each. Without the library, `cargo doc` and `cargo check`
+//! still work (the bindings are pre-generated).
 //!
 //! ```no_run
 //! use pagedattn::{AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, KvCache,
@@ -16,18 +46,18 @@
 //! let backend = Backend::new("cpu")?;
 //! let desc = CacheDesc { num_layers: 1, num_blocks: 4, block_size: 16, num_kv_heads: 2,
 //!                        head_size: 64, dtype: DType::F32, ..CacheDesc::default() };
-//! let mut cache = KvCache::new(&backend, &desc)?;
+//! let cache = KvCache::new(&backend, &desc)?;
 //! let batch = Batch::new(&backend, Some(&cache), None, &BatchDesc {
 //!     query_lens: &[1], context_lens: &[0], block_tables: Some(&[2]), block_table_stride: 1,
 //!     ..BatchDesc::default() })?;
 //! let (q, k, v) = (vec![0.5f32; 4 * 64], vec![0.1f32; 2 * 64], vec![0.2f32; 2 * 64]);
 //! let mut out = vec![0f32; 4 * 64];
 //! let opts = AttentionOptions::new(4, 2, 64);
-//! backend.forward(&batch, Some(&mut cache), 0, &opts,
-//!     &Tensor::new(&q, DType::F32, &[1, 4, 64])?,
-//!     Some(&Tensor::new(&k, DType::F32, &[1, 2, 64])?),
-//!     Some(&Tensor::new(&v, DType::F32, &[1, 2, 64])?),
-//!     &mut TensorMut::new(&mut out, DType::F32, &[1, 4, 64])?, None)?;
+//! backend.forward(&batch, Some(&cache), 0, &opts,
+//!     &Tensor::from_slice(&q, &[1, 4, 64])?,
+//!     Some(&Tensor::from_slice(&k, &[1, 2, 64])?),
+//!     Some(&Tensor::from_slice(&v, &[1, 2, 64])?),
+//!     &mut TensorMut::from_slice(&mut out, &[1, 4, 64])?, None)?;
 //! # Ok(()) }
 //! ```
 //!
@@ -52,6 +82,18 @@
 //! k[0] = 1.0; // error: `k` is borrowed mutably by the cache
 //! drop(cache);
 //! ```
+//!
+//! and a batch cannot be updated while a forward may be using it:
+//!
+//! ```compile_fail
+//! # use pagedattn::{Backend, Batch, BatchDesc};
+//! let backend = Backend::new("cpu").unwrap();
+//! let mut batch = Batch::new(&backend, None, None, &BatchDesc::default()).unwrap();
+//! std::thread::scope(|s| {
+//!     s.spawn(|| batch.info());
+//!     batch.update(&BatchDesc::default()); // error: `batch` is also borrowed as shared
+//! });
+//! ```
 
 #![deny(missing_docs)]
 
@@ -71,7 +113,29 @@ pub use attention::{AttentionOptions, AttentionType};
 pub use backend::{backends, Backend, BackendInfo, BackendOptions, Capabilities, Features};
 pub use batch::{Batch, BatchDesc, BatchInfo};
 pub use cache::{CacheDesc, KvCache, Layout, LayerMemory};
-pub use tensor::{DataType, Device, DeviceType, Element, Stream, Tensor, TensorMut};
+pub use tensor::{DataType, Device, DeviceType, Element, NativeElement, Stream, Tensor, TensorMut};
+
+/// The README's examples, compiled and run as doctests so that they cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+/// `value` as a C `int32_t` field or argument named `what`, or an [`Status::Overflow`] error.
+pub(crate) fn to_c_i32(what: &str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::binding(Status::Overflow, format!("{what} = {value} does not fit int32")))
+}
+
+/// `value` as a C `int64_t` field or argument named `what`, or an [`Status::Overflow`] error.
+pub(crate) fn to_c_i64(what: &str, value: usize) -> Result<i64> {
+    i64::try_from(value).map_err(|_| Error::binding(Status::Overflow, format!("{what} = {value} does not fit int64")))
+}
+
+/// A count or size the library reported, as `usize`; a negative one is a library bug.
+pub(crate) fn from_c<T: Copy + fmt::Display + TryInto<usize>>(what: &str, value: T) -> Result<usize> {
+    value
+        .try_into()
+        .map_err(|_| Error::binding(Status::Internal, format!("the library reported {what} = {value}")))
+}
 
 /// Status of a failed call: the C library's `pagedattn_status` codes (values pinned forever).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -280,9 +344,9 @@ pub const HEADER_VERSION: Version = Version {
 pub enum DType {
     /// IEEE float32.
     F32,
-    /// IEEE float16 (held in `u16` on the Rust side).
+    /// IEEE float16 (held in `half::f16`, or its bits in `u16`).
     F16,
-    /// bfloat16 (held in `u16` on the Rust side).
+    /// bfloat16 (held in `half::bf16`, or its bits in `u16`).
     BF16,
     /// fp8 e4m3 (finite, max 448); caches only, held in `u8`.
     Fp8E4M3,

@@ -24,7 +24,7 @@ impl DataType {
     pub const I64: DataType = DataType { code: sys::PAGEDATTN_DLPACK_INT as u8, bits: 64, lanes: 1 };
 
     fn bytes(self) -> usize {
-        (self.bits as usize * self.lanes as usize).div_ceil(8)
+        (usize::from(self.bits) * usize::from(self.lanes)).div_ceil(8)
     }
 }
 
@@ -135,19 +135,35 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for u16 {}
     impl Sealed for u8 {}
+    #[cfg(feature = "half")]
+    impl Sealed for half::f16 {}
+    #[cfg(feature = "half")]
+    impl Sealed for half::bf16 {}
 }
 
-/// Host element types that can back a tensor or cache: `f32` (float32), `u16` (the bits of
-/// float16 or bfloat16, chosen by an explicit [`DType`]) and `u8` (fp8 caches).
-pub trait Element: Copy + sealed::Sealed + 'static {
+/// Host element types that can back a tensor or cache: `f32` (float32), `half::f16` (float16)
+/// and `half::bf16` (bfloat16) with the feature `half`, `u16` (the bits of float16 or bfloat16,
+/// chosen by an explicit [`DType`]) and `u8` (fp8 caches).
+pub trait Element: Copy + Send + Sync + sealed::Sealed + 'static {
     /// Whether values of `dtype` are stored in this Rust type.
     fn holds(dtype: DType) -> bool;
+}
+
+/// An [`Element`] that fixes its dtype, so that constructors need none: `f32`, `half::f16`,
+/// `half::bf16`. The raw `u16` and `u8` carry several dtypes and take an explicit one.
+pub trait NativeElement: Element {
+    /// The dtype of this type's values.
+    const DTYPE: DType;
 }
 
 impl Element for f32 {
     fn holds(dtype: DType) -> bool {
         dtype == DType::F32
     }
+}
+
+impl NativeElement for f32 {
+    const DTYPE: DType = DType::F32;
 }
 
 impl Element for u16 {
@@ -160,6 +176,30 @@ impl Element for u8 {
     fn holds(dtype: DType) -> bool {
         matches!(dtype, DType::Fp8E4M3 | DType::Fp8E5M2)
     }
+}
+
+#[cfg(feature = "half")]
+impl Element for half::f16 {
+    fn holds(dtype: DType) -> bool {
+        dtype == DType::F16
+    }
+}
+
+#[cfg(feature = "half")]
+impl NativeElement for half::f16 {
+    const DTYPE: DType = DType::F16;
+}
+
+#[cfg(feature = "half")]
+impl Element for half::bf16 {
+    fn holds(dtype: DType) -> bool {
+        dtype == DType::BF16
+    }
+}
+
+#[cfg(feature = "half")]
+impl NativeElement for half::bf16 {
+    const DTYPE: DType = DType::BF16;
 }
 
 pub(crate) fn check_element<T: Element>(dtype: DType) -> Result<()> {
@@ -180,15 +220,14 @@ fn extent(shape: &[i64], strides: &[i64]) -> Option<usize> {
     }
     let mut last: i64 = 0;
     for (&n, &s) in shape.iter().zip(strides) {
-        last = last.checked_add((n - 1).checked_mul(s)?)?;
+        last = last.checked_add(n.checked_sub(1)?.checked_mul(s)?)?;
     }
     usize::try_from(last.checked_add(1)?).ok()
 }
 
-fn to_i64(dims: &[usize]) -> Result<Vec<i64>> {
-    dims.iter()
-        .map(|&d| i64::try_from(d).map_err(|_| Error::binding(Status::Overflow, format!("dimension {d}"))))
-        .collect()
+/// `dims` as DLPack's int64, or an [`Status::Overflow`] error naming `what`.
+fn to_i64(what: &str, dims: &[usize]) -> Result<Vec<i64>> {
+    dims.iter().map(|&d| crate::to_c_i64(what, d)).collect()
 }
 
 /// An input tensor: a DLPack-style view (data, device, dtype, shape, element strides) that the
@@ -204,11 +243,17 @@ pub struct Tensor<'a> {
     _data: PhantomData<&'a [u8]>,
 }
 
+// SAFETY: a Tensor is a read-only view like `&'a [T]` over element types that are Sync; for
+// memory given through the unsafe constructors, their contract covers every thread.
+unsafe impl Send for Tensor<'_> {}
+// SAFETY: as Send; `&Tensor` only reads the descriptor.
+unsafe impl Sync for Tensor<'_> {}
+
 impl<'a> Tensor<'a> {
     fn host(data: *mut c_void, len: usize, dtype: DataType, shape: &[usize], strides: Option<&[usize]>) -> Result<Self> {
-        let shape = to_i64(shape)?;
+        let shape = to_i64("shape", shape)?;
         let need = match strides {
-            None => shape.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n as usize)),
+            None => shape.iter().try_fold(1usize, |acc, &n| acc.checked_mul(usize::try_from(n).ok()?)),
             Some(strides) => {
                 if strides.len() != shape.len() {
                     return Err(Error::binding(
@@ -216,7 +261,7 @@ impl<'a> Tensor<'a> {
                         format!("{} strides for {} dimensions", strides.len(), shape.len()),
                     ));
                 }
-                extent(&shape, &to_i64(strides)?)
+                extent(&shape, &to_i64("strides", strides)?)
             }
         }
         .ok_or_else(|| Error::binding(Status::Overflow, "tensor size overflows"))?;
@@ -232,15 +277,20 @@ impl<'a> Tensor<'a> {
             device: Device::CPU,
             dtype,
             shape,
-            strides: strides.map(to_i64).transpose()?,
+            strides: strides.map(|s| to_i64("strides", s)).transpose()?,
             byte_offset: 0,
             _data: PhantomData,
         })
     }
 
     /// A compact row-major view of `data` with the given shape (`data.len()` must equal the
-    /// product of `shape`). `dtype` says how the elements are encoded (`u16` holds float16 or
-    /// bfloat16).
+    /// product of `shape`), of `T`'s own dtype: `f32`, `half::f16` or `half::bf16`.
+    pub fn from_slice<T: NativeElement>(data: &'a [T], shape: &[usize]) -> Result<Self> {
+        Tensor::new(data, T::DTYPE, shape)
+    }
+
+    /// As [`Tensor::from_slice`], with the dtype given: needed for raw `u16` bits, which hold
+    /// float16 or bfloat16; an error when `T` cannot hold `dtype`.
     pub fn new<T: Element>(data: &'a [T], dtype: DType, shape: &[usize]) -> Result<Self> {
         check_element::<T>(dtype)?;
         Tensor::host(data.as_ptr() as *mut c_void, data.len(), dtype.into(), shape, None)
@@ -265,29 +315,28 @@ impl<'a> Tensor<'a> {
             .expect("a 1-D slice always matches its length")
     }
 
-    /// A view of arbitrary memory, e.g. on a GPU. `strides` in elements (None = compact).
+    /// A view of arbitrary memory, e.g. on a GPU: `shape` and `strides` (in elements; `None` =
+    /// compact) as `usize`, checked to fit DLPack's int64.
     ///
     /// # Safety
     /// `data` must point to memory on `device` holding every element the view reaches, readable
-    /// (and writable, if used as an output) for `'a` and, on GPU backends, until queued work
-    /// using it has finished.
+    /// (and writable, if used as an output) for `'a` from any thread the view is sent to and, on
+    /// GPU backends, until queued work using it has finished.
     pub unsafe fn from_raw_parts(
         data: *mut c_void,
         device: Device,
         dtype: DataType,
-        shape: &[i64],
-        strides: Option<&[i64]>,
+        shape: &[usize],
+        strides: Option<&[usize]>,
         byte_offset: u64,
-    ) -> Self {
-        Tensor {
-            data,
-            device,
-            dtype,
-            shape: shape.to_vec(),
-            strides: strides.map(<[i64]>::to_vec),
-            byte_offset,
-            _data: PhantomData,
-        }
+    ) -> Result<Self> {
+        let strides = strides.map(|s| to_i64("strides", s)).transpose()?;
+        Ok(Tensor::raw(data, device, dtype, to_i64("shape", shape)?, strides, byte_offset))
+    }
+
+    fn raw(data: *mut c_void, device: Device, dtype: DataType, shape: Vec<i64>, strides: Option<Vec<i64>>,
+           byte_offset: u64) -> Self {
+        Tensor { data, device, dtype, shape, strides, byte_offset, _data: PhantomData }
     }
 
     /// A view of a DLPack `DLTensor` (laid out like `pagedattn_tensor`), e.g. from a framework.
@@ -297,7 +346,7 @@ impl<'a> Tensor<'a> {
     /// `tensor` must point to a valid `DLTensor` whose data satisfies [`Tensor::from_raw_parts`].
     pub unsafe fn from_dlpack(tensor: *const sys::pagedattn_tensor) -> Self {
         let t = &*tensor;
-        let ndim = t.ndim.max(0) as usize;
+        let ndim = usize::try_from(t.ndim).unwrap_or(0);
         let shape = if ndim == 0 { &[][..] } else { std::slice::from_raw_parts(t.shape, ndim) };
         let strides = if t.strides.is_null() || ndim == 0 {
             None
@@ -305,10 +354,11 @@ impl<'a> Tensor<'a> {
             Some(std::slice::from_raw_parts(t.strides, ndim))
         };
         let dtype = DataType { code: t.dtype.code, bits: t.dtype.bits, lanes: t.dtype.lanes };
-        Tensor::from_raw_parts(t.data, Device::from_raw(t.device), dtype, shape, strides, t.byte_offset)
+        Tensor::raw(t.data, Device::from_raw(t.device), dtype, shape.to_vec(), strides.map(<[i64]>::to_vec),
+                    t.byte_offset)
     }
 
-    /// The shape.
+    /// The shape, as the descriptor holds it (DLPack's int64).
     pub fn shape(&self) -> &[i64] {
         &self.shape
     }
@@ -324,12 +374,13 @@ impl<'a> Tensor<'a> {
     }
 
     /// Size of the view's reach in bytes (for callers checking buffers).
+    /// 0 for a shape that is negative or overflows.
     pub fn nbytes(&self) -> usize {
         let n = match &self.strides {
-            None => self.shape.iter().product::<i64>().max(0) as usize,
-            Some(s) => extent(&self.shape, s).unwrap_or(0),
+            None => self.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?)),
+            Some(s) => extent(&self.shape, s),
         };
-        n * self.dtype.bytes()
+        n.and_then(|n| n.checked_mul(self.dtype.bytes())).unwrap_or(0)
     }
 
     /// The C descriptor; it points into `self`, so it is valid while `self` is borrowed.
@@ -337,7 +388,8 @@ impl<'a> Tensor<'a> {
         sys::pagedattn_tensor {
             data: self.data,
             device: self.device.raw(),
-            ndim: self.shape.len() as i32,
+            // More than i32::MAX dimensions cannot be described; C reads no more than ndim.
+            ndim: i32::try_from(self.shape.len()).unwrap_or(i32::MAX),
             dtype: sys::pagedattn_dlpack_dtype { code: self.dtype.code, bits: self.dtype.bits, lanes: self.dtype.lanes },
             // The library only reads shape and strides; the C type is non-const for DLPack.
             shape: self.shape.as_ptr() as *mut i64,
@@ -355,12 +407,25 @@ pub struct TensorMut<'a> {
     _data: PhantomData<&'a mut [u8]>,
 }
 
+// SAFETY: a TensorMut is an exclusive view like `&'a mut [T]` over Send + Sync element types;
+// `&TensorMut` gives only read access (as_tensor), writing needs `&mut`.
+unsafe impl Send for TensorMut<'_> {}
+// SAFETY: as Send.
+unsafe impl Sync for TensorMut<'_> {}
+
 impl<'a> TensorMut<'a> {
     fn wrap(inner: Tensor<'a>) -> Self {
         TensorMut { inner, _data: PhantomData }
     }
 
-    /// A compact row-major view of `data` (its length must equal the product of `shape`).
+    /// A compact row-major view of `data` (its length must equal the product of `shape`), of
+    /// `T`'s own dtype: `f32`, `half::f16` or `half::bf16`.
+    pub fn from_slice<T: NativeElement>(data: &'a mut [T], shape: &[usize]) -> Result<Self> {
+        TensorMut::new(data, T::DTYPE, shape)
+    }
+
+    /// As [`TensorMut::from_slice`], with the dtype given (raw `u16` bits of float16 or
+    /// bfloat16); an error when `T` cannot hold `dtype`.
     pub fn new<T: Element>(data: &'a mut [T], dtype: DType, shape: &[usize]) -> Result<Self> {
         check_element::<T>(dtype)?;
         Tensor::host(data.as_mut_ptr() as *mut c_void, data.len(), dtype.into(), shape, None).map(Self::wrap)
@@ -372,7 +437,7 @@ impl<'a> TensorMut<'a> {
         Tensor::host(data.as_mut_ptr() as *mut c_void, data.len(), dtype.into(), shape, Some(strides)).map(Self::wrap)
     }
 
-    /// A writable view of arbitrary memory.
+    /// A writable view of arbitrary memory (see [`Tensor::from_raw_parts`]).
     ///
     /// # Safety
     /// As [`Tensor::from_raw_parts`], and the memory must be writable and not otherwise accessed
@@ -381,11 +446,11 @@ impl<'a> TensorMut<'a> {
         data: *mut c_void,
         device: Device,
         dtype: DataType,
-        shape: &[i64],
-        strides: Option<&[i64]>,
+        shape: &[usize],
+        strides: Option<&[usize]>,
         byte_offset: u64,
-    ) -> Self {
-        Self::wrap(Tensor::from_raw_parts(data, device, dtype, shape, strides, byte_offset))
+    ) -> Result<Self> {
+        Tensor::from_raw_parts(data, device, dtype, shape, strides, byte_offset).map(Self::wrap)
     }
 
     /// A writable view of a DLPack `DLTensor`.

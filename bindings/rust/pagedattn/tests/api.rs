@@ -59,7 +59,7 @@ fn unknown_backend_is_an_error_with_the_library_message() {
 
 #[test]
 fn bad_options_are_refused() {
-    let opts = pagedattn::BackendOptions { num_threads: -1, ..Default::default() };
+    let opts = pagedattn::BackendOptions { flags: 1, ..Default::default() };
     let err = Backend::with_options("cpu", &opts).unwrap_err();
     assert_eq!(err.status, Status::InvalidArgument);
     assert!(!err.message.is_empty());
@@ -79,7 +79,7 @@ fn cache_geometry_and_layer_memory() {
         assert_eq!(cache.desc().unwrap(), d);
         assert_eq!(d.bytes_per_block().unwrap(), (2 * 2 * 4 * 2 * 8 * 4) as u64);
         let mem = cache.layer_memory(1).unwrap();
-        assert_eq!(mem.strides, d.compact_strides());
+        assert_eq!(mem.strides, d.compact_strides().unwrap());
         assert!(!mem.k.is_null() && !mem.v.is_null());
         assert_eq!(cache.layer_memory(2).unwrap_err().status, Status::OutOfRange);
         // A new cache reads back as zeros.
@@ -91,7 +91,7 @@ fn cache_geometry_and_layer_memory() {
 fn write_read_copy_load_blocks() {
     let be = cpu();
     let d = desc(Layout::Nhd);
-    let mut cache = KvCache::new(&be, &d).unwrap();
+    let cache = KvCache::new(&be, &d).unwrap();
     let (k, v) = (values(3 * 16, 1), values(3 * 16, 2));
     let slots = [5i64, -1, 30]; // block 1 slot 1; padding; block 7 slot 2
     cache.write(1, &Tensor::new(&k, DType::F32, &[3, 2, 8]).unwrap(),
@@ -121,13 +121,13 @@ fn write_read_copy_load_blocks() {
 
     // Load the exported block 1 into block 0 of another cache; swap it back into an HND cache.
     let exported = cache.read_blocks_to_vec(&[1]).unwrap();
-    let mut other = KvCache::new(&be, &d).unwrap();
+    let other = KvCache::new(&be, &d).unwrap();
     other.load_blocks(&[0], &exported).unwrap();
     assert_eq!(other.read_blocks_to_vec(&[0]).unwrap(), exported);
     assert_eq!(other.load_blocks(&[0], &exported[1..]).unwrap_err().status, Status::InvalidArgument);
-    let mut hnd = KvCache::new(&be, &CacheDesc { layout: Layout::Hnd, num_blocks: 2, ..d }).unwrap();
+    let hnd = KvCache::new(&be, &CacheDesc { layout: Layout::Hnd, num_blocks: 2, ..d }).unwrap();
     hnd.swap_blocks_from(&other, &[[0, 1]]).unwrap();
-    let mut back = KvCache::new(&be, &d).unwrap();
+    let back = KvCache::new(&be, &d).unwrap();
     back.swap_blocks_from(&hnd, &[[1, 6]]).unwrap();
     assert_eq!(back.read_blocks_to_vec(&[6]).unwrap(), exported);
 }
@@ -138,7 +138,7 @@ fn every_stream_taking_call_has_an_on_stream_form() {
     // behaves as its default-stream form.
     let be = cpu();
     let d = desc(Layout::Hnd);
-    let mut cache = KvCache::new(&be, &d).unwrap();
+    let cache = KvCache::new(&be, &d).unwrap();
     let (k, v) = (values(2 * 16, 3), values(2 * 16, 4));
     cache.write_on(Stream::DEFAULT, 0, &Tensor::new(&k, DType::F32, &[2, 2, 8]).unwrap(),
                    &Tensor::new(&v, DType::F32, &[2, 2, 8]).unwrap(), &Tensor::from_i64(&[9, 10]),
@@ -156,7 +156,7 @@ fn every_stream_taking_call_has_an_on_stream_form() {
     assert_eq!(cache.read_blocks_on(Stream::DEFAULT, &[8], &mut words).unwrap_err().status,
                Status::OutOfRange);
     cache.copy_blocks_on(Stream::DEFAULT, &[[5, 6]]).unwrap();
-    let mut other = KvCache::new(&be, &d).unwrap();
+    let other = KvCache::new(&be, &d).unwrap();
     other.swap_blocks_from_on(Stream::DEFAULT, &cache, &[[6, 0]]).unwrap();
     assert_eq!(other.read_blocks_to_vec(&[0]).unwrap(), cache.read_blocks_to_vec(&[2]).unwrap());
     be.synchronize(Stream::DEFAULT).unwrap();
@@ -166,11 +166,11 @@ fn every_stream_taking_call_has_an_on_stream_form() {
 fn wrapped_cache_writes_into_caller_memory() {
     let be = cpu();
     let d = CacheDesc { num_layers: 1, ..desc(Layout::Nhd) };
-    let n = (d.num_blocks * d.block_size * d.num_kv_heads * d.head_size) as usize;
+    let n = d.num_blocks * d.block_size * d.num_kv_heads * d.head_size;
     let (mut k_mem, mut v_mem) = (vec![0f32; n], vec![0f32; n]);
     let (k, v) = (values(16, 3), values(16, 4));
     {
-        let mut cache = KvCache::wrap(&be, &d, vec![&mut k_mem[..]], vec![&mut v_mem[..]], None).unwrap();
+        let cache = KvCache::wrap(&be, &d, vec![&mut k_mem[..]], vec![&mut v_mem[..]], None).unwrap();
         cache.write(0, &Tensor::new(&k, DType::F32, &[1, 2, 8]).unwrap(),
                     &Tensor::new(&v, DType::F32, &[1, 2, 8]).unwrap(), &Tensor::from_i64(&[9]), 1.0, 1.0).unwrap();
     }
@@ -236,23 +236,23 @@ fn forward_matches_reference_and_merge_states() {
     let be = cpu();
     let (h, hkv, dd) = (4usize, 2usize, 8usize);
     let d = CacheDesc { num_layers: 1, ..desc(Layout::Hnd) };
-    let mut cache = KvCache::new(&be, &d).unwrap();
+    let cache = KvCache::new(&be, &d).unwrap();
     let ctx = 6usize; // one sequence: 6 cached tokens in blocks 5, 2 + one new token
     let tables = [5, 2];
     let keys = values((ctx + 1) * hkv * dd, 10);
     let vals = values((ctx + 1) * hkv * dd, 11);
-    let slots: Vec<i64> = (0..ctx).map(|p| tables[p / 4] as i64 * 4 + (p % 4) as i64).collect();
+    let slots: Vec<i64> = (0..ctx).map(|p| i64::from(tables[p / 4]) * 4 + (p % 4) as i64).collect();
     let row = hkv * dd;
     cache.write(0, &Tensor::new(&keys[..ctx * row], DType::F32, &[ctx, hkv, dd]).unwrap(),
                 &Tensor::new(&vals[..ctx * row], DType::F32, &[ctx, hkv, dd]).unwrap(),
                 &Tensor::from_i64(&slots), 1.0, 1.0).unwrap();
-    let batch = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[ctx as i32],
+    let batch = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[6],
         block_tables: Some(&tables), block_table_stride: 2, ..BatchDesc::default() }).unwrap();
     let q = values(h * dd, 12);
     let mut out = vec![f32::NAN; h * dd];
     let mut lse = vec![f32::NAN; h];
-    let opts = AttentionOptions::new(h as i32, hkv as i32, dd as i32);
-    be.forward(&batch, Some(&mut cache), 0, &opts, &Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
+    let opts = AttentionOptions::new(h, hkv, dd);
+    be.forward(&batch, Some(&cache), 0, &opts, &Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
                Some(&Tensor::new(&keys[ctx * row..], DType::F32, &[1, hkv, dd]).unwrap()),
                Some(&Tensor::new(&vals[ctx * row..], DType::F32, &[1, hkv, dd]).unwrap()),
                &mut TensorMut::new(&mut out, DType::F32, &[1, h, dd]).unwrap(),
@@ -271,8 +271,8 @@ fn forward_matches_reference_and_merge_states() {
     }
     // Wrong head count: refused, out untouched.
     let mut out2 = vec![f32::NAN; h * dd];
-    let bad = AttentionOptions::new(h as i32, 3, dd as i32);
-    let err = be.forward(&batch, Some(&mut cache), 0, &bad, &Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
+    let bad = AttentionOptions::new(h, 3, dd);
+    let err = be.forward(&batch, Some(&cache), 0, &bad, &Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
         None, None, &mut TensorMut::new(&mut out2, DType::F32, &[1, h, dd]).unwrap(), None).unwrap_err();
     assert_eq!(err.status, Status::InvalidArgument);
     assert!(out2.iter().all(|x| x.is_nan()));
@@ -327,12 +327,15 @@ fn handles_are_send_and_sync_and_usable_from_threads() {
     assert_send_sync::<Backend>();
     assert_send_sync::<KvCache<'static>>();
     assert_send_sync::<Batch<'static>>();
+    assert_send_sync::<Tensor<'static>>();
+    assert_send_sync::<TensorMut<'static>>();
+    assert_send_sync::<AttentionOptions<'static>>();
     let be = cpu();
     std::thread::scope(|s| {
         for seed in 0..2u64 {
             let be = &be;
             s.spawn(move || {
-                let mut cache = KvCache::new(be, &desc(Layout::Nhd)).unwrap();
+                let cache = KvCache::new(be, &desc(Layout::Nhd)).unwrap();
                 let k = values(16, seed);
                 cache.write(0, &Tensor::new(&k, DType::F32, &[1, 2, 8]).unwrap(),
                             &Tensor::new(&k, DType::F32, &[1, 2, 8]).unwrap(), &Tensor::from_i64(&[0]), 1.0, 1.0).unwrap();
@@ -349,4 +352,166 @@ fn raw_calls_through_sys_report_errors() {
     let err = pagedattn::check(unsafe { pagedattn::sys::pagedattn_kv_cache_copy_blocks(std::ptr::null_mut(), std::ptr::null(), 0, std::ptr::null_mut()) }).unwrap_err();
     assert_eq!(err.status, Status::NullPointer);
     assert!(!err.message.is_empty());
+}
+
+/// Runs `steps` decode steps of sequence `seq` (blocks 4*seq..4*seq+4) on `cache`, each writing
+/// its new token; returns every step's output.
+fn decode_steps(be: &Backend, cache: &KvCache<'_>, opts: &AttentionOptions<'_>, seq: usize, steps: usize) -> Vec<Vec<f32>> {
+    let table: Vec<i32> = (0..4).map(|b| i32::try_from(4 * seq + b).unwrap()).collect();
+    let context = 3 + 2 * seq; // tokens already cached
+    (0..steps)
+        .map(|step| {
+            let ctx = i32::try_from(context + step).unwrap();
+            let batch = Batch::new(be, Some(cache), None, &BatchDesc { query_lens: &[1], context_lens: &[ctx],
+                block_tables: Some(&table), block_table_stride: 4, ..BatchDesc::default() }).unwrap();
+            let seed = 100 * seq as u64 + step as u64;
+            let (q, k, v) = (values(4 * 8, seed), values(2 * 8, seed + 1000), values(2 * 8, seed + 2000));
+            let mut out = vec![f32::NAN; 4 * 8];
+            be.forward(&batch, Some(cache), 0, opts, &Tensor::from_slice(&q, &[1, 4, 8]).unwrap(),
+                       Some(&Tensor::from_slice(&k, &[1, 2, 8]).unwrap()), Some(&Tensor::from_slice(&v, &[1, 2, 8]).unwrap()),
+                       &mut TensorMut::from_slice(&mut out, &[1, 4, 8]).unwrap(), None).unwrap();
+            out
+        })
+        .collect()
+}
+
+/// A cache with the two sequences' contexts: 3 tokens in blocks 0.., 5 tokens in blocks 4...
+fn two_sequence_cache(be: &Backend) -> KvCache<'_> {
+    let cache = KvCache::new(be, &CacheDesc { num_layers: 1, ..desc(Layout::Nhd) }).unwrap();
+    let slots = [0i64, 1, 2, 16, 17, 18, 19, 20];
+    let (k, v) = (values(8 * 16, 7), values(8 * 16, 8));
+    cache.write(0, &Tensor::from_slice(&k, &[8, 2, 8]).unwrap(), &Tensor::from_slice(&v, &[8, 2, 8]).unwrap(),
+                &Tensor::from_i64(&slots), 1.0, 1.0).unwrap();
+    cache
+}
+
+#[test]
+fn two_threads_forward_on_one_cache() {
+    // The C contract: forwards may share a cache when the blocks they touch are disjoint, each
+    // with its own batch and output. Both threads write their new tokens into the one cache.
+    let be = cpu();
+    let opts = AttentionOptions::new(4, 2, 8);
+    let steps = 6;
+    let shared = two_sequence_cache(&be);
+    let barrier = std::sync::Barrier::new(2);
+    let concurrent: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|seq| {
+                let (be, cache, opts, barrier) = (&be, &shared, &opts, &barrier);
+                s.spawn(move || {
+                    barrier.wait();
+                    decode_steps(be, cache, opts, seq, steps)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // The same steps one after the other on a second cache give the same bits.
+    let alone = two_sequence_cache(&be);
+    for (seq, outs) in concurrent.iter().enumerate() {
+        assert_eq!(outs, &decode_steps(&be, &alone, &opts, seq, steps), "sequence {seq}");
+        assert!(outs.iter().flatten().all(|x| x.is_finite()));
+    }
+    let all: Vec<i32> = (0..8).collect();
+    assert_eq!(shared.read_blocks_to_vec(&all).unwrap(), alone.read_blocks_to_vec(&all).unwrap());
+}
+
+#[test]
+fn sizes_that_do_not_fit_c_are_refused() {
+    let be = cpu();
+    let big = usize::try_from(i32::MAX).unwrap() + 1;
+    let overflow = |r: Result<(), pagedattn::Error>, what: &str| {
+        let err = r.unwrap_err();
+        assert_eq!(err.status, Status::Overflow, "{what}: {err}");
+        assert!(err.message.contains(what), "{what}: {}", err.message);
+    };
+    let huge = CacheDesc { num_blocks: big, ..desc(Layout::Nhd) };
+    overflow(huge.bytes_per_block().map(drop), "num_blocks = 2147483648 does not fit int32");
+    overflow(KvCache::new(&be, &huge).map(drop), "num_blocks = 2147483648 does not fit int32");
+    let opts = pagedattn::BackendOptions { num_threads: big, ..Default::default() };
+    overflow(Backend::with_options("cpu", &opts).map(drop), "num_threads = 2147483648");
+
+    // Layer 2^32 would be layer 0 once truncated: refused, and nothing is written.
+    let cache = KvCache::new(&be, &desc(Layout::Nhd)).unwrap();
+    let all: Vec<i32> = (0..8).collect();
+    let before = cache.read_blocks_to_vec(&all).unwrap();
+    let k = values(16, 5);
+    let t = Tensor::from_slice(&k, &[1, 2, 8]).unwrap();
+    overflow(cache.write(1 << 32, &t, &t, &Tensor::from_i64(&[0]), 1.0, 1.0), "layer = 4294967296");
+    overflow(cache.layer_memory(1 << 32).map(drop), "layer = 4294967296");
+    let batch = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[0],
+        block_tables: Some(&[1]), block_table_stride: 1, ..BatchDesc::default() }).unwrap();
+    let q = values(4 * 8, 6);
+    let mut out = vec![0f32; 4 * 8];
+    let mut run = |layer: usize, opts: &AttentionOptions<'_>| {
+        be.forward(&batch, Some(&cache), layer, opts, &Tensor::from_slice(&q, &[1, 4, 8]).unwrap(), Some(&t), Some(&t),
+                   &mut TensorMut::from_slice(&mut out, &[1, 4, 8]).unwrap(), None)
+    };
+    overflow(run(1 << 32, &AttentionOptions::new(4, 2, 8)), "layer = 4294967296");
+    overflow(run(0, &AttentionOptions::new(4 + (1 << 32), 2, 8)), "num_heads = 4294967300");
+    overflow(run(0, &AttentionOptions { sliding_window: big, ..AttentionOptions::new(4, 2, 8) }), "sliding_window");
+    assert_eq!(cache.read_blocks_to_vec(&all).unwrap(), before);
+    assert!(out.iter().all(|&x| x == 0.0));
+
+    let desc_with = |f: &dyn Fn(&mut BatchDesc<'static>)| {
+        let mut d = BatchDesc { query_lens: &[1], context_lens: &[0], block_tables: Some(&[1]), block_table_stride: 1,
+                                ..BatchDesc::default() };
+        f(&mut d);
+        Batch::new(&be, Some(&cache), None, &d).map(drop)
+    };
+    overflow(desc_with(&|d| d.block_table_stride = 1 << 32), "block_table_stride = 4294967296");
+    overflow(desc_with(&|d| d.max_num_tokens = usize::MAX), "max_num_tokens = 18446744073709551615 does not fit int64");
+}
+
+#[cfg(feature = "half")]
+#[test]
+fn half_slices_match_their_raw_bits() {
+    use half::{bf16, f16};
+    use pagedattn::Element;
+
+    /// One decode step of a fresh cache of `dtype` over slices of `T`: the output and the block
+    /// the step wrote.
+    fn step<T: Element + Default>(be: &Backend, dtype: DType, q: &[T], kv: &[T]) -> (Vec<T>, Vec<u8>) {
+        let cache = KvCache::new(be, &CacheDesc { num_layers: 1, dtype, ..desc(Layout::Nhd) }).unwrap();
+        let batch = Batch::new(be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[0],
+            block_tables: Some(&[3]), block_table_stride: 1, ..BatchDesc::default() }).unwrap();
+        let mut out = vec![T::default(); q.len()];
+        let kv_t = Tensor::new(kv, dtype, &[1, 2, 8]).unwrap();
+        be.forward(&batch, Some(&cache), 0, &AttentionOptions::new(4, 2, 8), &Tensor::new(q, dtype, &[1, 4, 8]).unwrap(),
+                   Some(&kv_t), Some(&kv_t), &mut TensorMut::new(&mut out, dtype, &[1, 4, 8]).unwrap(), None).unwrap();
+        (out, cache.read_blocks_to_vec(&[3]).unwrap())
+    }
+
+    let be = cpu();
+    let (q, kv) = (values(4 * 8, 30), values(2 * 8, 31));
+    let (qb, kvb): (Vec<bf16>, Vec<bf16>) = (q.iter().map(|&x| bf16::from_f32(x)).collect(), kv.iter().map(|&x| bf16::from_f32(x)).collect());
+    let (qh, kvh): (Vec<f16>, Vec<f16>) = (q.iter().map(|&x| f16::from_f32(x)).collect(), kv.iter().map(|&x| f16::from_f32(x)).collect());
+    let (out_b, cache_b) = step(&be, DType::BF16, &qb, &kvb);
+    let (out_bu, cache_bu) = step(&be, DType::BF16, &qb.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                  &kvb.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    assert_eq!(out_b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), out_bu);
+    assert_eq!(cache_b, cache_bu);
+    let (out_h, cache_h) = step(&be, DType::F16, &qh, &kvh);
+    let (out_hu, cache_hu) = step(&be, DType::F16, &qh.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                  &kvh.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+    assert_eq!(out_h.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), out_hu);
+    assert_eq!(cache_h, cache_hu);
+    assert!(out_b.iter().all(|x| x.to_f32().is_finite()) && out_h.iter().all(|x| x.to_f32().is_finite()));
+
+    // The type fixes the dtype; a mismatch is refused before reaching C.
+    assert_eq!(Tensor::from_slice(&qb, &[1, 4, 8]).unwrap().dtype(), DType::BF16.to_dlpack());
+    assert_eq!(Tensor::from_slice(&qh, &[1, 4, 8]).unwrap().dtype(), DType::F16.to_dlpack());
+    assert_eq!(Tensor::new(&qh, DType::BF16, &[1, 4, 8]).unwrap_err().status, Status::BadTensor);
+    assert_eq!(Tensor::new(&qb, DType::F16, &[1, 4, 8]).unwrap_err().status, Status::BadTensor);
+    // A bfloat16 cache over the caller's bf16 memory.
+    let d = CacheDesc { num_layers: 1, dtype: DType::BF16, ..desc(Layout::Nhd) };
+    let n = d.num_blocks * d.block_size * d.num_kv_heads * d.head_size;
+    let (mut km, mut vm) = (vec![bf16::ZERO; n], vec![bf16::ZERO; n]);
+    {
+        let cache = KvCache::wrap(&be, &d, vec![&mut km[..]], vec![&mut vm[..]], None).unwrap();
+        let row = Tensor::from_slice(&kvb, &[1, 2, 8]).unwrap();
+        cache.write(0, &row, &row, &Tensor::from_i64(&[5]), 1.0, 1.0).unwrap();
+    }
+    assert_eq!(&km[5 * 16..6 * 16], &kvb[..]);
+    assert!(KvCache::wrap(&be, &CacheDesc { dtype: DType::F16, ..d }, vec![&mut km[..]], vec![&mut vm[..]], None).is_err());
 }

@@ -30,7 +30,7 @@ impl Meta {
     fn s(&self, key: &str) -> &str {
         self.0.get(key).unwrap_or_else(|| panic!("meta.txt lacks {key}"))
     }
-    fn i(&self, key: &str) -> i64 {
+    fn i(&self, key: &str) -> usize {
         self.s(key).parse().unwrap_or_else(|_| panic!("{key} = {}", self.s(key)))
     }
     fn f(&self, key: &str) -> f32 {
@@ -104,7 +104,7 @@ fn read_i64(path: PathBuf) -> Vec<i64> {
 }
 
 fn read_all(cache: &KvCache<'_>) -> Result<Vec<u8>, Error> {
-    let ids: Vec<i32> = (0..cache.desc()?.num_blocks).collect();
+    let ids: Vec<i32> = (0..i32::try_from(cache.desc()?.num_blocks).unwrap()).collect();
     cache.read_blocks_to_vec(&ids)
 }
 
@@ -114,8 +114,8 @@ fn run_case(dir: &Path) -> Result<(), String> {
     let file = |name: &str| dir.join(name);
     let has = |name: &str| file(name).exists();
     let (dtype, out_dtype, cache_dtype) = (m.dtype("dtype"), m.dtype("out_dtype"), m.dtype("cache_dtype"));
-    let (nl, h, hkv, d) = (m.i("num_layers") as usize, m.i("num_heads") as usize, m.i("num_kv_heads") as usize, m.i("head_size") as usize);
-    let (t, kv_rows, num_ctx) = (m.i("num_tokens") as usize, m.i("kv_rows") as usize, m.i("num_ctx") as usize);
+    let (nl, h, hkv, d) = (m.i("num_layers"), m.i("num_heads"), m.i("num_kv_heads"), m.i("head_size"));
+    let (t, kv_rows, num_ctx) = (m.i("num_tokens"), m.i("kv_rows"), m.i("num_ctx"));
     let op = m.s("op").to_string();
     let attention = match m.s("attention") {
         "decoder" => AttentionType::Decoder,
@@ -159,11 +159,11 @@ fn run_case(dir: &Path) -> Result<(), String> {
     'run: {
         let Some(backend) = backend.as_ref() else { break 'run };
         let desc = CacheDesc {
-            num_layers: nl as i32,
-            num_blocks: m.i("num_blocks") as i32,
-            block_size: m.i("block_size") as i32,
-            num_kv_heads: hkv as i32,
-            head_size: d as i32,
+            num_layers: nl,
+            num_blocks: m.i("num_blocks"),
+            block_size: m.i("block_size"),
+            num_kv_heads: hkv,
+            head_size: d,
             dtype: cache_dtype,
             layout: m.layout("layout"),
             flags: 0,
@@ -172,7 +172,7 @@ fn run_case(dir: &Path) -> Result<(), String> {
             cache = Some(step!('run, "cache_create", KvCache::new(backend, &desc)));
         }
         if num_ctx > 0 {
-            let c = cache.as_mut().unwrap();
+            let c = cache.as_ref().unwrap();
             if refusal {
                 before = Some(read_all(c).map_err(|e| e.to_string())?);
             }
@@ -183,7 +183,7 @@ fn run_case(dir: &Path) -> Result<(), String> {
                 let k = Buf::from_bytes(&ctx_k[l * per_layer..][..per_layer], dtype);
                 let v = Buf::from_bytes(&ctx_v[l * per_layer..][..per_layer], dtype);
                 let shape = [num_ctx, hkv, d];
-                step!('run, "kv_cache_write", c.write(l as i32, &k.tensor(dtype, &shape), &v.tensor(dtype, &shape),
+                step!('run, "kv_cache_write", c.write(l, &k.tensor(dtype, &shape), &v.tensor(dtype, &shape),
                       &Tensor::from_i64(&slots), m.f("k_scale"), m.f("v_scale")));
             }
         }
@@ -207,10 +207,10 @@ fn run_case(dir: &Path) -> Result<(), String> {
                     query_lens: &qlens,
                     context_lens: &clens,
                     block_tables: tables.as_deref(),
-                    block_table_stride: m.i("table_stride") as i32,
+                    block_table_stride: m.i("table_stride"),
                     encoder_lens: enc_lens.as_deref(),
                     cross_block_tables: xtables.as_deref(),
-                    cross_block_table_stride: m.i("cross_table_stride") as i32,
+                    cross_block_table_stride: m.i("cross_table_stride"),
                     ..BatchDesc::default()
                 };
                 let cross_cache = if cross { cache.as_ref() } else { None };
@@ -223,12 +223,12 @@ fn run_case(dir: &Path) -> Result<(), String> {
                 };
                 let alibi = Tensor::new(&slopes, DType::F32, &[slopes.len()]).unwrap();
                 let options = AttentionOptions {
-                    num_heads: h as i32,
-                    num_kv_heads: m.i("opt_num_kv_heads") as i32,
-                    head_size: d as i32,
+                    num_heads: h,
+                    num_kv_heads: m.i("opt_num_kv_heads"),
+                    head_size: d,
                     scale: m.f("scale"),
                     soft_cap: m.f("soft_cap"),
-                    sliding_window: m.i("sliding_window") as i32,
+                    sliding_window: m.i("sliding_window"),
                     attention_type: attention,
                     write_kv: m.i("write_kv") != 0,
                     k_scale: m.f("k_scale"),
@@ -261,9 +261,9 @@ fn run_case(dir: &Path) -> Result<(), String> {
                     let opts_raw = {
                         let mut o = sys::pagedattn_attention_options::default();
                         unsafe { sys::pagedattn_attention_options_init(&mut o) };
-                        o.num_heads = options.num_heads;
-                        o.num_kv_heads = options.num_kv_heads;
-                        o.head_size = options.head_size;
+                        o.num_heads = i32::try_from(options.num_heads).unwrap();
+                        o.num_kv_heads = i32::try_from(options.num_kv_heads).unwrap();
+                        o.head_size = i32::try_from(options.head_size).unwrap();
                         o
                     };
                     let (qr, mut or) = (qt.as_raw(), ot.as_raw());
@@ -271,26 +271,26 @@ fn run_case(dir: &Path) -> Result<(), String> {
                     let vr = vt.as_ref().map(|x| x.as_raw());
                     let status = unsafe {
                         sys::pagedattn_forward(backend.as_ptr(), std::ptr::null(),
-                            cache.as_ref().map_or(std::ptr::null_mut(), |c| c.as_ptr()), m.i("layer") as i32,
+                            cache.as_ref().map_or(std::ptr::null_mut(), |c| c.as_ptr()), i32::try_from(m.i("layer")).unwrap(),
                             &opts_raw, &qr, kr.as_ref().map_or(std::ptr::null(), |x| x as *const _),
                             vr.as_ref().map_or(std::ptr::null(), |x| x as *const _), &mut or,
                             std::ptr::null_mut(), std::ptr::null_mut())
                     };
                     step!('run, "forward", check(status));
                 } else {
-                    step!('run, "forward", backend.forward(&batch, cache.as_mut(), m.i("layer") as i32, &options,
+                    step!('run, "forward", backend.forward(&batch, cache.as_ref(), m.i("layer"), &options,
                           &qt, kt.as_ref(), vt.as_ref(), &mut ot, lse_arg));
                 }
             }
             "copy_blocks" => {
-                let c = cache.as_mut().unwrap();
+                let c = cache.as_ref().unwrap();
                 if refusal {
                     before = Some(read_all(c).map_err(|e| e.to_string())?);
                 }
                 step!('run, "copy_blocks", c.copy_blocks(&pairs));
             }
             "swap_blocks" => {
-                let dd = CacheDesc { layout: m.layout("dst_layout"), num_blocks: m.i("dst_num_blocks") as i32, ..desc };
+                let dd = CacheDesc { layout: m.layout("dst_layout"), num_blocks: m.i("dst_num_blocks"), ..desc };
                 let dc = dst.insert(step!('run, "dst_cache_create", KvCache::new(backend, &dd)));
                 if refusal {
                     before = Some(read_all(dc).map_err(|e| e.to_string())?);
