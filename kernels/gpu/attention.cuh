@@ -145,20 +145,10 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   const int tid = threadIdx.x;
   const int D = p.head_size;
   const int hpc = p.heads_per_cta;
-  const int nhg = (p.group + hpc - 1) / hpc;
-  const int kvh = blockIdx.y / nhg;
-  const int g0 = (blockIdx.y % nhg) * hpc;
-  const int gh = min(hpc, p.group - g0);
-  const int h0 = kvh * p.group + g0;
-  const int seq = it.seq;
-  const int qlen = p.query_lens[seq];
-  const int ctx = (p.kind == kDecoder) ? p.context_lens[seq] : 0;
-  const int row0 = p.query_start[seq] + it.t0;
+  const CtaWork w = cta_work(p, it);
+  const int kvh = w.kvh, gh = w.gh, h0 = w.h0, seq = w.seq, row0 = w.row0;
+  const int pos_first = w.pos_first, lo = w.keys.lo, hi = w.keys.hi;
   const int rows_used = it.tlen * hpc;
-
-  const int pos_first = ctx + it.t0;
-  const KeyRange keys = item_keys(p, it, seq, ctx, qlen, pos_first);
-  const int lo = keys.lo, hi = keys.hi;
 
   // Stage the queries (zero rows and tails so padded lanes contribute nothing).
   for (int i = tid; i < R * QROW; i += NT) {
@@ -203,19 +193,8 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
     char* vb = kb + CHUNK * ROWB;
     for (int i = tid; i < nk * units; i += NT) {
       const int key = i / units, u = i % units;
-      const int pos = c0 + key;
       int64_t koff, voff;
-      if (p.kv.paged) {
-        const int blk = p.kv.tables[static_cast<int64_t>(seq) * p.kv.table_stride + pos / p.kv.block_size];
-        koff = static_cast<int64_t>(blk) * p.kv.block_stride +
-               static_cast<int64_t>(pos % p.kv.block_size) * p.kv.slot_stride +
-               static_cast<int64_t>(kvh) * p.kv.head_stride;
-        voff = koff;
-      } else {
-        const int64_t row = p.query_start[seq] + pos;
-        koff = row * p.kv.slot_stride + static_cast<int64_t>(kvh) * p.kv.head_stride;
-        voff = row * p.kv.v_slot_stride + static_cast<int64_t>(kvh) * p.kv.v_head_stride;
-      }
+      key_offsets(p, seq, kvh, c0 + key, &koff, &voff);
       const int64_t ub = static_cast<int64_t>(u) * vec;
       copy_unit_async(kb + key * ROWB + u * vec, static_cast<const char*>(p.kv.k) + koff * ES + ub, vec);
       copy_unit_async(vb + key * ROWB + u * vec, static_cast<const char*>(p.kv.v) + voff * ES + ub, vec);
@@ -296,29 +275,8 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
       constexpr int NW = NT / PA_WARP_SIZE;
       for (int r = wid; r < R; r += NW) {
         if (r >= rows_used) continue;
-        float mx = kNegInf;
-        for (int k = lane; k < CHUNK; k += PA_WARP_SIZE) mx = max_keep_nan(mx, ss[r * SS + k]);
-#pragma unroll
-        for (int o = PA_WARP_SIZE / 2; o > 0; o >>= 1) mx = max_keep_nan(mx, PA_SHFL_XOR(mx, o));
-        const float m_old = m_s[r];
-        const float m_new = max_keep_nan(m_old, mx);
-        const bool poisoned = max_poisoned(m_new);  // weights 0; the output is NaN
-        float sum = 0.f;
-        for (int k = lane; k < CHUNK; k += PA_WARP_SIZE) {
-          const float s = ss[r * SS + k];
-          const float e = (s == kNegInf || poisoned) ? 0.f : __expf(s - m_new);
-          ss[r * SS + k] = e;
-          sum += e;
-        }
-#pragma unroll
-        for (int o = PA_WARP_SIZE / 2; o > 0; o >>= 1) sum += PA_SHFL_XOR(sum, o);
-        PA_SYNCWARP();  // every lane has read m_s[r] before lane 0 overwrites it
-        if (lane == 0) {
-          const float alpha = (m_old == kNegInf || poisoned) ? 0.f : __expf(m_old - m_new);
-          l_s[r] = l_s[r] * alpha + sum;
-          m_s[r] = m_new;
-          a_s[r] = alpha;
-        }
+        softmax_row<PA_WARP_SIZE>(ss + r * SS, ss + r * SS, CHUNK, lane, m_s + r, l_s + r,
+                                  a_s + r);
       }
     }
     __syncthreads();
@@ -462,22 +420,12 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
   const int warp = tid / 32, lane = tid % 32;
   const int D = p.head_size;
   const int hpc = p.heads_per_cta;
-  const int nhg = (p.group + hpc - 1) / hpc;
-  const int kvh = blockIdx.y / nhg;
-  const int g0 = (blockIdx.y % nhg) * hpc;
-  const int gh = min(hpc, p.group - g0);
-  const int h0 = kvh * p.group + g0;
-  const int seq = it.seq;
-  const int qlen = p.query_lens[seq];
-  const int ctx = (p.kind == kDecoder) ? p.context_lens[seq] : 0;
-  const int row0 = p.query_start[seq] + it.t0;
+  const CtaWork w = cta_work(p, it);
+  const int kvh = w.kvh, gh = w.gh, h0 = w.h0, seq = w.seq, row0 = w.row0;
+  const int pos_first = w.pos_first, lo = w.keys.lo, hi = w.keys.hi;
   const int rows_used = it.tlen * hpc;
   const int row_tiles = (rows_used + 15) / 16;
   const int dtiles = (D + 15) / 16;
-
-  const int pos_first = ctx + it.t0;
-  const KeyRange keys = item_keys(p, it, seq, ctx, qlen, pos_first);
-  const int lo = keys.lo, hi = keys.hi;
 
   for (int i = tid; i < R * DP; i += NT) {
     const int r = i / DP, d = i % DP;
@@ -505,19 +453,8 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
       T* kd = ks + key * LDT + d0;
       T* vd = vs + key * LDT + d0;
       if (key < nk && d0 < D) {
-        const int pos = c0 + key;
         int64_t koff, voff;
-        if (p.kv.paged) {
-          const int blk = p.kv.tables[static_cast<int64_t>(seq) * p.kv.table_stride + pos / p.kv.block_size];
-          koff = static_cast<int64_t>(blk) * p.kv.block_stride +
-                 static_cast<int64_t>(pos % p.kv.block_size) * p.kv.slot_stride +
-                 static_cast<int64_t>(kvh) * p.kv.head_stride;
-          voff = koff;
-        } else {
-          const int64_t row = p.query_start[seq] + pos;
-          koff = row * p.kv.slot_stride + static_cast<int64_t>(kvh) * p.kv.head_stride;
-          voff = row * p.kv.v_slot_stride + static_cast<int64_t>(kvh) * p.kv.v_head_stride;
-        }
+        key_offsets(p, seq, kvh, c0 + key, &koff, &voff);
         stage8<T, KT>(kd, static_cast<const KT*>(p.kv.k) + koff + d0, aligned);
         stage8<T, KT>(vd, static_cast<const KT*>(p.kv.v) + voff + d0, aligned);
       } else {
@@ -560,29 +497,7 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
         if (lane == 0) a_s[r] = 0.f;
         continue;
       }
-      float mx = kNegInf;
-      for (int k = lane; k < CHUNK; k += 32) mx = max_keep_nan(mx, ss[r * LDS + k]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) mx = max_keep_nan(mx, PA_SHFL_XOR(mx, o));
-      const float m_old = m_s[r];
-      const float m_new = max_keep_nan(m_old, mx);
-      const bool poisoned = max_poisoned(m_new);  // weights 0; the output is NaN
-      float sum = 0.f;
-      for (int k = lane; k < CHUNK; k += 32) {
-        const float s = ss[r * LDS + k];
-        const float e = (s == kNegInf || poisoned) ? 0.f : __expf(s - m_new);
-        ps[r * LDP + k] = from_float<T>(e);
-        sum += e;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += PA_SHFL_XOR(sum, o);
-      PA_SYNCWARP();  // every lane has read m_s[r] before lane 0 overwrites it
-      if (lane == 0) {
-        const float alpha = (m_old == kNegInf || poisoned) ? 0.f : __expf(m_old - m_new);
-        l_s[r] = l_s[r] * alpha + sum;
-        m_s[r] = m_new;
-        a_s[r] = alpha;
-      }
+      softmax_row<32>(ss + r * LDS, ps + r * LDP, CHUNK, lane, m_s + r, l_s + r, a_s + r);
     }
     __syncthreads();
     for (int i = tid; i < row_tiles * 16 * DP; i += NT) {
