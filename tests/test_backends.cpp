@@ -268,16 +268,17 @@ TEST(Backends, CpuTargetEnvironment) {
   pagedattn_backend_destroy(st == PAGEDATTN_OK ? be : nullptr);
 }
 
-// A variable read when a backend is created: each bad value is refused with
-// PAGEDATTN_ERROR_INVALID_ARGUMENT and the variable named, no backend made (*be untouched); each
-// good value is taken. The variable is restored after each creation.
+// A variable read when a backend (the suite's, or `backend`) is created: each bad value is
+// refused with PAGEDATTN_ERROR_INVALID_ARGUMENT and the variable named, no backend made (*be
+// untouched); each good value is taken. The variable is restored after each creation.
 static void expect_env_values(const char* var, std::initializer_list<const char*> bad,
-                              std::initializer_list<const char*> good) {
+                              std::initializer_list<const char*> good,
+                              const std::string& backend = pat::backend_name()) {
   const char* old = std::getenv(var);
   const std::string saved = old ? old : "";
   auto create_with = [&](const char* value, pagedattn_backend** be) {
     setenv(var, value, 1);
-    const pagedattn_status st = pagedattn_backend_create(be, pat::backend_name().c_str(), nullptr);
+    const pagedattn_status st = pagedattn_backend_create(be, backend.c_str(), nullptr);
     if (old) setenv(var, saved.c_str(), 1);
     else unsetenv(var);
     return st;
@@ -311,6 +312,18 @@ TEST(Backends, CpuPrefetchEnvironment) {
     GTEST_SKIP() << "PAGEDATTN_CPU_PREFETCH is read by the cpu and onednn backends only";
   expect_env_values("PAGEDATTN_CPU_PREFETCH", {"", "Twice", "2", "once ", "never"},
                     {"twice", "once"});
+}
+
+TEST(Backends, OnednnEnvironment) {
+  // PAGEDATTN_ONEDNN_BF16: 0 or 1; PAGEDATTN_ONEDNN_MIN_QUERY: a whole number in 1..65536.
+  pagedattn_backend* dnn = nullptr;
+  if (pagedattn_backend_create(&dnn, "onednn", nullptr) != PAGEDATTN_OK)
+    GTEST_SKIP() << "skipped: onednn backend unavailable: " << pagedattn_last_error();
+  pagedattn_backend_destroy(dnn);
+  expect_env_values("PAGEDATTN_ONEDNN_BF16", {"", "yes", "2", "0 ", "true"}, {"0", "1"},
+                    "onednn");
+  expect_env_values("PAGEDATTN_ONEDNN_MIN_QUERY", {"", "0", "-4", "16x", "65537", " 8"},
+                    {"1", "16", "65536"}, "onednn");
 }
 
 TEST(Backends, DestroyOrderIsSafe) {

@@ -10,6 +10,7 @@
 // writes, copies and merges are that backend's ops. Which rows go where, and the tile items, are
 // in schedule.cpp. Threads: our own pool (pool.h), each worker running primitives
 // single-threaded, and the embedded backend's pool (both sleep when idle).
+#include <errno.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -290,9 +291,33 @@ pagedattn_status probe(int32_t device_index, char* msg) {
   return PAGEDATTN_OK;
 }
 
+// PAGEDATTN_ONEDNN_BF16 ("0": float32 tiles even where bf16 ones would run; "1" or unset: bf16
+// tiles where the CPU runs them natively) and PAGEDATTN_ONEDNN_MIN_QUERY (a whole number in
+// 1..65536: sequences with query_len >= it use the oneDNN tiles, shorter ones the embedded cpu
+// kernels; unset 16). Another value refuses the backend, as the cpu backend's variables do.
+bool env_settings(bool* allow_bf16, int* min_query, char* msg) {
+  *allow_bf16 = true;
+  if (const char* env = getenv("PAGEDATTN_ONEDNN_BF16")) {
+    if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
+      set_msg(msg, "PAGEDATTN_ONEDNN_BF16=%.64s is not 0 or 1", env);
+      return false;
+    }
+    *allow_bf16 = env[0] == '1';
+  }
+  if (const char* env = getenv("PAGEDATTN_ONEDNN_MIN_QUERY")) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = strtol(env, &end, 10);
+    if (env[0] < '0' || env[0] > '9' || *end != '\0' || errno != 0 || v < 1 || v > 65536) {
+      set_msg(msg, "PAGEDATTN_ONEDNN_MIN_QUERY=%.64s is not a whole number in 1..65536", env);
+      return false;
+    }
+    *min_query = static_cast<int>(v);
+  }
+  return true;
+}
+
 bool native_bf16(const dnnl::engine& eng) {
-  const char* env = getenv("PAGEDATTN_ONEDNN_BF16");
-  if (env != nullptr && strcmp(env, "0") == 0) return false;
   const auto isa = dnnl::get_effective_cpu_isa();
   if (isa != dnnl::cpu_isa::avx512_core_bf16 && isa != dnnl::cpu_isa::avx512_core_amx) return false;
   // And a real (non-reference) implementation for our shape.
@@ -315,10 +340,13 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     }
     b->threads = opts->num_threads > 0 ? opts->num_threads : omp_get_num_procs();
     b->memory_limit = opts->memory_limit;
-    const char* mq = getenv("PAGEDATTN_ONEDNN_MIN_QUERY");
-    if (mq != nullptr && atoi(mq) >= 1) b->min_query = atoi(mq);
+    bool allow_bf16 = true;
+    if (!env_settings(&allow_bf16, &b->min_query, msg)) {
+      delete b;
+      return PAGEDATTN_ERROR_INVALID_ARGUMENT;
+    }
     b->eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
-    b->bf16 = native_bf16(b->eng);
+    b->bf16 = allow_bf16 && native_bf16(b->eng);
     int spin_us = 0;
     if (!pa_runtime::spin_us_from_env(&spin_us, msg)) {
       delete b;
