@@ -271,6 +271,7 @@ static pagedattn_status go_dtype_to_dlpack(pagedattn_dlpack_dtype* out, pagedatt
 import "C"
 
 import (
+	"math"
 	"unsafe"
 )
 
@@ -287,6 +288,26 @@ func result(st C.pagedattn_status, e *errBuf) error {
 		return nil
 	}
 	return &Error{Code: Code(st), Msg: C.GoString(e.ptr())}
+}
+
+// ints converts Go ints to C's int32_t fields and arguments, keeping the first that does not fit:
+// C would otherwise see another number (a layer of 1<<32 would run as layer 0).
+type ints struct{ err error }
+
+func (c *ints) i32(name string, v int) C.int32_t {
+	if c.err == nil && (v < math.MinInt32 || v > math.MaxInt32) {
+		c.err = goError(Overflow, "%s = %d does not fit int32", name, v)
+	}
+	return C.int32_t(v)
+}
+
+// deviceID is a tensor's device ordinal for C; one that does not fit int32 becomes -1, which the
+// library refuses (WRONG_DEVICE) rather than reading as another device.
+func deviceID(id int) C.int32_t {
+	if id < 0 || id > math.MaxInt32 {
+		return -1
+	}
+	return C.int32_t(id)
 }
 
 func cStatusString(c Code) string {
@@ -349,8 +370,12 @@ func cBackendCreate(name string, o BackendOptions) (unsafe.Pointer, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	var out *C.pagedattn_backend
-	st := C.go_backend_create(&out, cname, C.int32_t(o.DeviceIndex), C.int32_t(o.NumThreads), C.uint32_t(o.Flags),
-		C.uint64_t(o.MemoryLimit), e.ptr())
+	var ck ints
+	dev, threads := ck.i32("DeviceIndex", o.DeviceIndex), ck.i32("NumThreads", o.NumThreads)
+	if ck.err != nil {
+		return nil, ck.err
+	}
+	st := C.go_backend_create(&out, cname, dev, threads, C.uint32_t(o.Flags), C.uint64_t(o.MemoryLimit), e.ptr())
 	return unsafe.Pointer(out), result(st, &e)
 }
 
@@ -381,39 +406,49 @@ func cSynchronize(p unsafe.Pointer, stream unsafe.Pointer) error {
 	return result(C.go_synchronize((*C.pagedattn_backend)(p), stream, e.ptr()), &e)
 }
 
-func cacheDesc(d CacheDesc) C.pagedattn_kv_cache_desc {
+func cacheDesc(d CacheDesc) (C.pagedattn_kv_cache_desc, error) {
 	var c C.pagedattn_kv_cache_desc
 	C.pagedattn_kv_cache_desc_init(&c)
-	c.num_layers = C.int32_t(d.NumLayers)
-	c.num_blocks = C.int32_t(d.NumBlocks)
-	c.block_size = C.int32_t(d.BlockSize)
-	c.num_kv_heads = C.int32_t(d.NumKVHeads)
-	c.head_size = C.int32_t(d.HeadSize)
+	var ck ints
+	c.num_layers = ck.i32("NumLayers", d.NumLayers)
+	c.num_blocks = ck.i32("NumBlocks", d.NumBlocks)
+	c.block_size = ck.i32("BlockSize", d.BlockSize)
+	c.num_kv_heads = ck.i32("NumKVHeads", d.NumKVHeads)
+	c.head_size = ck.i32("HeadSize", d.HeadSize)
 	c.dtype = C.pagedattn_dtype(d.DType)
 	c.layout = C.pagedattn_layout(d.Layout)
 	c.flags = C.uint32_t(d.Flags)
-	return c
+	return c, ck.err
 }
 
 func cBytesPerBlock(d CacheDesc) (uint64, error) {
 	var e errBuf
-	c := cacheDesc(d)
+	c, err := cacheDesc(d)
+	if err != nil {
+		return 0, err
+	}
 	var out C.uint64_t
-	err := result(C.go_bytes_per_block(&out, &c, e.ptr()), &e)
+	err = result(C.go_bytes_per_block(&out, &c, e.ptr()), &e)
 	return uint64(out), err
 }
 
 func cCacheCreate(be unsafe.Pointer, d CacheDesc) (unsafe.Pointer, error) {
 	var e errBuf
-	c := cacheDesc(d)
+	c, err := cacheDesc(d)
+	if err != nil {
+		return nil, err
+	}
 	var out *C.pagedattn_kv_cache
-	err := result(C.go_cache_create(&out, (*C.pagedattn_backend)(be), &c, e.ptr()), &e)
+	err = result(C.go_cache_create(&out, (*C.pagedattn_backend)(be), &c, e.ptr()), &e)
 	return unsafe.Pointer(out), err
 }
 
 func cCacheWrap(be unsafe.Pointer, d CacheDesc, k, v []uintptr, strides [3]int64, dev Device) (unsafe.Pointer, error) {
 	var e errBuf
-	c := cacheDesc(d)
+	c, err := cacheDesc(d)
+	if err != nil {
+		return nil, err
+	}
 	var out *C.pagedattn_kv_cache
 	var kp, vp *C.uintptr_t
 	if len(k) > 0 {
@@ -422,8 +457,13 @@ func cCacheWrap(be unsafe.Pointer, d CacheDesc, k, v []uintptr, strides [3]int64
 	if len(v) > 0 {
 		vp = (*C.uintptr_t)(unsafe.Pointer(&v[0]))
 	}
+	var ck ints
+	devID := ck.i32("Device.ID", dev.ID)
+	if ck.err != nil {
+		return nil, ck.err
+	}
 	st := C.go_cache_wrap(&out, (*C.pagedattn_backend)(be), &c, kp, vp, C.int64_t(strides[0]), C.int64_t(strides[1]),
-		C.int64_t(strides[2]), C.int32_t(dev.Type), C.int32_t(dev.ID), e.ptr())
+		C.int64_t(strides[2]), C.int32_t(dev.Type), devID, e.ptr())
 	return unsafe.Pointer(out), result(st, &e)
 }
 
@@ -444,7 +484,12 @@ func cCacheLayer(p unsafe.Pointer, layer int) (LayerMemory, error) {
 	var e errBuf
 	var k, v C.uintptr_t
 	var s [3]C.int64_t
-	if err := result(C.go_cache_get_layer(&k, &v, &s[0], (*C.pagedattn_kv_cache)(p), C.int32_t(layer), e.ptr()), &e); err != nil {
+	var ck ints
+	l := ck.i32("layer", layer)
+	if ck.err != nil {
+		return LayerMemory{}, ck.err
+	}
+	if err := result(C.go_cache_get_layer(&k, &v, &s[0], (*C.pagedattn_kv_cache)(p), l, e.ptr()), &e); err != nil {
 		return LayerMemory{}, err
 	}
 	return LayerMemory{K: uintptr(k), V: uintptr(v), Strides: [3]int64{int64(s[0]), int64(s[1]), int64(s[2])}}, nil
@@ -457,7 +502,7 @@ func cTensor(t *Tensor) (*C.go_tensor, unsafe.Pointer) {
 	}
 	d := &C.go_tensor{
 		device_type: C.int32_t(t.device.Type),
-		device_id:   C.int32_t(t.device.ID),
+		device_id:   deviceID(t.device.ID),
 		ndim:        C.int32_t(len(t.shape)),
 		code:        C.uint8_t(t.dtype.Code),
 		bits:        C.uint8_t(t.dtype.Bits),
@@ -481,7 +526,12 @@ func cCacheWrite(p unsafe.Pointer, layer int, k, v, slots *Tensor, ks, vs float3
 	kd, kp := cTensor(k)
 	vd, vp := cTensor(v)
 	sd, sp := cTensor(slots)
-	st := C.go_cache_write((*C.pagedattn_kv_cache)(p), C.int32_t(layer), kd, kp, vd, vp, sd, sp, C.float(ks),
+	var ck ints
+	l := ck.i32("layer", layer)
+	if ck.err != nil {
+		return ck.err
+	}
+	st := C.go_cache_write((*C.pagedattn_kv_cache)(p), l, kd, kp, vd, vp, sd, sp, C.float(ks),
 		C.float(vs), stream, e.ptr())
 	return result(st, &e)
 }
@@ -538,13 +588,14 @@ func i32Ptr(s []int32) *C.int32_t {
 
 var emptyArray [1]int64
 
-func cBatchDesc(d *BatchDesc) (C.go_batch_desc, *C.int64_t) {
+func cBatchDesc(d *BatchDesc) (C.go_batch_desc, *C.int64_t, error) {
+	var ck ints
 	g := C.go_batch_desc{
-		num_seqs:                 C.int32_t(len(d.QueryLens)),
-		block_table_stride:       C.int32_t(d.BlockTableStride),
-		cross_block_table_stride: C.int32_t(d.CrossBlockTableStride),
-		max_num_seqs:             C.int32_t(d.MaxNumSeqs),
-		max_blocks_per_seq:       C.int32_t(d.MaxBlocksPerSeq),
+		num_seqs:                 ck.i32("len(QueryLens)", len(d.QueryLens)),
+		block_table_stride:       ck.i32("BlockTableStride", d.BlockTableStride),
+		cross_block_table_stride: ck.i32("CrossBlockTableStride", d.CrossBlockTableStride),
+		max_num_seqs:             ck.i32("MaxNumSeqs", d.MaxNumSeqs),
+		max_blocks_per_seq:       ck.i32("MaxBlocksPerSeq", d.MaxBlocksPerSeq),
 		max_num_tokens:           C.int64_t(d.MaxNumTokens),
 		max_num_encoder_tokens:   C.int64_t(d.MaxNumEncoderTokens),
 		max_seq_len:              C.int64_t(d.MaxSeqLen),
@@ -557,12 +608,15 @@ func cBatchDesc(d *BatchDesc) (C.go_batch_desc, *C.int64_t) {
 			slots = (*C.int64_t)(unsafe.Pointer(&d.SlotMapping[0]))
 		}
 	}
-	return g, slots
+	return g, slots, ck.err
 }
 
 func cBatchCreate(be, cache, cross unsafe.Pointer, d *BatchDesc) (unsafe.Pointer, error) {
 	var e errBuf
-	g, slots := cBatchDesc(d)
+	g, slots, err := cBatchDesc(d)
+	if err != nil {
+		return nil, err
+	}
 	var out *C.pagedattn_batch
 	st := C.go_batch_create(&out, (*C.pagedattn_backend)(be), (*C.pagedattn_kv_cache)(cache),
 		(*C.pagedattn_kv_cache)(cross), &g, i32Ptr(d.QueryLens), i32Ptr(d.ContextLens), i32Ptr(d.BlockTables),
@@ -572,7 +626,10 @@ func cBatchCreate(be, cache, cross unsafe.Pointer, d *BatchDesc) (unsafe.Pointer
 
 func cBatchUpdate(b unsafe.Pointer, d *BatchDesc) error {
 	var e errBuf
-	g, slots := cBatchDesc(d)
+	g, slots, err := cBatchDesc(d)
+	if err != nil {
+		return err
+	}
 	st := C.go_batch_update((*C.pagedattn_batch)(b), &g, i32Ptr(d.QueryLens), i32Ptr(d.ContextLens),
 		i32Ptr(d.BlockTables), slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), e.ptr())
 	return result(st, &e)
@@ -621,10 +678,12 @@ func cBatchQueryStart(p unsafe.Pointer) ([]int32, error) {
 
 func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q, k, v, out, lse *Tensor) error {
 	var e errBuf
+	var ck ints
 	g := C.go_options{
-		num_heads: C.int32_t(o.NumHeads), num_kv_heads: C.int32_t(o.NumKVHeads), head_size: C.int32_t(o.HeadSize),
-		sliding_window: C.int32_t(o.SlidingWindow), attention_type: C.int32_t(o.Type),
-		scale: C.float(o.Scale), soft_cap: C.float(o.SoftCap), k_scale: C.float(o.KScale),
+		num_heads: ck.i32("NumHeads", o.NumHeads), num_kv_heads: ck.i32("NumKVHeads", o.NumKVHeads),
+		head_size: ck.i32("HeadSize", o.HeadSize), sliding_window: ck.i32("SlidingWindow", o.SlidingWindow),
+		attention_type: ck.i32("Type", int(o.Type)),
+		scale:          C.float(o.Scale), soft_cap: C.float(o.SoftCap), k_scale: C.float(o.KScale),
 		v_scale: C.float(o.VScale), flags: C.uint32_t(o.Flags),
 	}
 	if o.WriteKV {
@@ -636,8 +695,12 @@ func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q
 	vd, vp := cTensor(v)
 	od, op := cTensor(out)
 	ld, lp := cTensor(lse)
+	l := ck.i32("layer", layer)
+	if ck.err != nil {
+		return ck.err
+	}
 	st := C.go_forward((*C.pagedattn_backend)(be), (*C.pagedattn_batch)(batch), (*C.pagedattn_kv_cache)(cache),
-		C.int32_t(layer), &g, ad, ap, qd, qp, kd, kp, vd, vp, od, op, ld, lp, o.Stream, e.ptr())
+		l, &g, ad, ap, qd, qp, kd, kp, vd, vp, od, op, ld, lp, o.Stream, e.ptr())
 	return result(st, &e)
 }
 

@@ -505,3 +505,51 @@ func TestDeferredTensorErrors(t *testing.T) {
 
 // tensors lists the arguments' tensors.
 func (a ForwardArgs) tensors() []*Tensor { return []*Tensor{a.Q, a.K, a.V, a.Out} }
+
+func TestIntsThatDoNotFitInt32AreRefused(t *testing.T) {
+	// C takes int32: a Go int beyond it must fail with Overflow naming the field, never reach
+	// the library as another number (a layer of 1<<32 would run as layer 0).
+	be := cpuBackend(t)
+	cache := must(NewKVCache(be, smallDesc(NHD)))
+	defer cache.Close()
+	batch := must(NewBatch(be, cache, nil, &BatchDesc{QueryLens: []int32{1}, ContextLens: []int32{0},
+		BlockTables: []int32{3}, BlockTableStride: 1}))
+	defer batch.Close()
+	q, kv := values(4*8, 50), values(2*8, 51)
+	out := make([]float32, 4*8)
+	opts := NewAttentionOptions(4, 2, 8)
+	args := ForwardArgs{Batch: batch, Cache: cache, Options: &opts, Q: Float32Tensor(q, 1, 4, 8),
+		K: Float32Tensor(kv, 1, 2, 8), V: Float32Tensor(kv, 1, 2, 8), Out: Float32Tensor(out, 1, 4, 8)}
+	before := must(cache.ReadBlocks([]int32{3}))
+	args.Layer = 1 << 32
+	if e := wantCode(t, be.Forward(args), Overflow); !strings.Contains(e.Msg, "layer = 4294967296") {
+		t.Fatalf("message %q", e.Msg)
+	}
+	wide := opts
+	wide.NumHeads = 1<<32 + 4
+	args.Layer, args.Options = 0, &wide
+	wantCode(t, be.Forward(args), Overflow)
+	wantCode(t, cache.Write(1<<32, Float32Tensor(kv, 1, 2, 8), Float32Tensor(kv, 1, 2, 8),
+		Int64Tensor([]int64{12}), 1, 1), Overflow)
+	if after := must(cache.ReadBlocks([]int32{3})); string(after) != string(before) {
+		t.Fatal("a refused call changed the cache")
+	}
+	d := smallDesc(NHD)
+	d.NumBlocks = 1<<32 + 8
+	if _, err := NewKVCache(be, d); err == nil {
+		t.Fatal("NumBlocks 1<<32+8 made a cache")
+	} else if e := wantCode(t, err, Overflow); !strings.Contains(e.Msg, "NumBlocks") {
+		t.Fatalf("message %q", e.Msg)
+	}
+	if _, err := NewBatch(be, cache, nil, &BatchDesc{QueryLens: []int32{1}, ContextLens: []int32{0},
+		BlockTables: []int32{3}, BlockTableStride: 1, MaxNumSeqs: 1 << 32}); err == nil {
+		t.Fatal("MaxNumSeqs 1<<32 made a batch")
+	} else if e := wantCode(t, err, Overflow); !strings.Contains(e.Msg, "MaxNumSeqs") {
+		t.Fatalf("message %q", e.Msg)
+	}
+	if _, err := NewBackendWithOptions("cpu", BackendOptions{NumThreads: 1<<32 + 1}); err == nil {
+		t.Fatal("NumThreads 1<<32+1 made a backend")
+	} else {
+		wantCode(t, err, Overflow)
+	}
+}
