@@ -10,7 +10,6 @@
 // writes, copies and merges are that backend's ops. Which rows go where, and the tile items, are
 // in schedule.cpp. Threads: our own pool (pool.h), each worker running primitives
 // single-threaded, and the embedded backend's pool (both sleep when idle).
-#include <errno.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +29,7 @@
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/variant.h"
+#include "kernels/runtime/env.h"
 #include "kernels/runtime/host_alloc.h"
 #include "kernels/runtime/spin.h"
 #include "onednn_internal.h"
@@ -305,10 +305,8 @@ bool env_settings(bool* allow_bf16, int* min_query, char* msg) {
     *allow_bf16 = env[0] == '1';
   }
   if (const char* env = getenv("PAGEDATTN_ONEDNN_MIN_QUERY")) {
-    char* end = nullptr;
-    errno = 0;
-    const long v = strtol(env, &end, 10);
-    if (env[0] < '0' || env[0] > '9' || *end != '\0' || errno != 0 || v < 1 || v > 65536) {
+    long v = 0;
+    if (!pa_runtime::parse_whole_number(env, 1, 65536, &v)) {
       set_msg(msg, "PAGEDATTN_ONEDNN_MIN_QUERY=%.64s is not a whole number in 1..65536", env);
       return false;
     }

@@ -1,10 +1,10 @@
 // kernels/runtime/spin.cpp — the pools' spin setting (see spin.h).
 #include "spin.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "env.h"
 #include "plugin_abi.h"
 
 namespace pa_runtime {
@@ -13,10 +13,8 @@ bool spin_us_from_env(int* us, char* msg) {
   *us = kDefaultSpinUs;
   const char* env = getenv("PAGEDATTN_CPU_SPIN_US");
   if (env == nullptr) return true;
-  char* end = nullptr;
-  errno = 0;
-  const long v = strtol(env, &end, 10);
-  if (env[0] < '0' || env[0] > '9' || *end != '\0' || errno != 0 || v > 1000000) {
+  long v = 0;
+  if (!parse_whole_number(env, 0, 1000000, &v)) {
     snprintf(msg, PA_MSG_LEN, "PAGEDATTN_CPU_SPIN_US=%.64s is not a whole number of"
              " microseconds in 0..1000000", env);
     return false;
