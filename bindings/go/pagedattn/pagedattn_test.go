@@ -441,21 +441,45 @@ func TestErrorsFromManyGoroutines(t *testing.T) {
 	wg.Wait()
 }
 
-func TestDeferredTensorErrors(t *testing.T) {
-	be := cpuBackend(t)
-	cache := must(NewKVCache(be, smallDesc(NHD)))
-	defer cache.Close()
-	batch := must(NewBatch(be, cache, nil, &BatchDesc{QueryLens: []int32{1}, ContextLens: []int32{0},
-		BlockTables: []int32{3}, BlockTableStride: 1}))
-	defer batch.Close()
-	q, kv := values(4*8, 40), values(2*8, 41)
-	out := make([]float32, 4*8)
-	for i := range out {
-		out[i] = float32(math.NaN())
+// smallDecode is the smallest forward of these tests: one decode token (q of 4 heads x 8, k/v
+// of 2) at context 0 in block 3 of a smallDesc(NHD) cache, out filled with NaN. The cache and
+// the batch close when the test ends.
+type smallDecode struct {
+	be         *Backend
+	cache      *KVCache
+	batch      *Batch
+	opts       AttentionOptions
+	q, kv, out []float32
+}
+
+func newSmallDecode(t *testing.T, seed uint64) *smallDecode {
+	t.Helper()
+	s := &smallDecode{be: cpuBackend(t)}
+	s.cache = must(NewKVCache(s.be, smallDesc(NHD)))
+	t.Cleanup(func() { s.cache.Close() })
+	s.batch = must(NewBatch(s.be, s.cache, nil, &BatchDesc{QueryLens: []int32{1},
+		ContextLens: []int32{0}, BlockTables: []int32{3}, BlockTableStride: 1}))
+	t.Cleanup(func() { s.batch.Close() })
+	s.q, s.kv = values(4*8, seed), values(2*8, seed+1)
+	s.out = make([]float32, 4*8)
+	for i := range s.out {
+		s.out[i] = float32(math.NaN())
 	}
-	opts := NewAttentionOptions(4, 2, 8)
-	good := ForwardArgs{Batch: batch, Cache: cache, Options: &opts, Q: Float32Tensor(q, 1, 4, 8),
-		K: Float32Tensor(kv, 1, 2, 8), V: Float32Tensor(kv, 1, 2, 8), Out: Float32Tensor(out, 1, 4, 8)}
+	s.opts = NewAttentionOptions(4, 2, 8)
+	return s
+}
+
+// args are the forward's arguments over s's tensors.
+func (s *smallDecode) args() ForwardArgs {
+	return ForwardArgs{Batch: s.batch, Cache: s.cache, Options: &s.opts,
+		Q: Float32Tensor(s.q, 1, 4, 8), K: Float32Tensor(s.kv, 1, 2, 8),
+		V: Float32Tensor(s.kv, 1, 2, 8), Out: Float32Tensor(s.out, 1, 4, 8)}
+}
+
+func TestDeferredTensorErrors(t *testing.T) {
+	s := newSmallDecode(t, 40)
+	be, cache, batch, q, kv, out := s.be, s.cache, s.batch, s.q, s.kv, s.out
+	good := s.args()
 	for _, tt := range good.tensors() {
 		if err := tt.Err(); err != nil {
 			t.Fatal(err)
@@ -509,17 +533,9 @@ func (a ForwardArgs) tensors() []*Tensor { return []*Tensor{a.Q, a.K, a.V, a.Out
 func TestIntsThatDoNotFitInt32AreRefused(t *testing.T) {
 	// C takes int32: a Go int beyond it must fail with Overflow naming the field, never reach
 	// the library as another number (a layer of 1<<32 would run as layer 0).
-	be := cpuBackend(t)
-	cache := must(NewKVCache(be, smallDesc(NHD)))
-	defer cache.Close()
-	batch := must(NewBatch(be, cache, nil, &BatchDesc{QueryLens: []int32{1}, ContextLens: []int32{0},
-		BlockTables: []int32{3}, BlockTableStride: 1}))
-	defer batch.Close()
-	q, kv := values(4*8, 50), values(2*8, 51)
-	out := make([]float32, 4*8)
-	opts := NewAttentionOptions(4, 2, 8)
-	args := ForwardArgs{Batch: batch, Cache: cache, Options: &opts, Q: Float32Tensor(q, 1, 4, 8),
-		K: Float32Tensor(kv, 1, 2, 8), V: Float32Tensor(kv, 1, 2, 8), Out: Float32Tensor(out, 1, 4, 8)}
+	s := newSmallDecode(t, 50)
+	be, cache, kv, opts := s.be, s.cache, s.kv, s.opts
+	args := s.args()
 	before := must(cache.ReadBlocks([]int32{3}))
 	args.Layer = 1 << 32
 	if e := wantCode(t, be.Forward(args), Overflow); !strings.Contains(e.Msg, "layer = 4294967296") {
