@@ -27,11 +27,12 @@ void check_row(const int32_t* row, int32_t i, int64_t need, int32_t num_blocks, 
   }
 }
 
-/* Create: a capacity field of desc (0 = this batch's size) must cover the batch. */
-int64_t pick_cap(int64_t given, int64_t actual, const char* field) {
+/* Create: a capacity field of desc must cover the batch; 0 picks `dflt` (never below
+ * `actual`). */
+int64_t pick_cap(int64_t given, int64_t actual, int64_t dflt, const char* field) {
   if (given < 0) fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->%s = %lld < 0", field,
                       static_cast<long long>(given));
-  if (given == 0) return actual;
+  if (given == 0) return std::max(actual, dflt);
   if (given < actual)
     fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->%s = %lld < %lld needed by this batch", field,
          static_cast<long long>(given), static_cast<long long>(actual));
@@ -208,16 +209,24 @@ void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& c
     check_cap(max_seq, caps->seq_len, "max sequence length", "max_seq_len");
     cp = *caps;
   } else {
-    cp.num_seqs = static_cast<int32_t>(pick_cap(d.max_num_seqs, n, "max_num_seqs"));
-    cp.num_tokens = pick_cap(d.max_num_tokens, tokens, "max_num_tokens");
+    cp.num_seqs = static_cast<int32_t>(pick_cap(d.max_num_seqs, n, n, "max_num_seqs"));
+    cp.num_tokens = pick_cap(d.max_num_tokens, tokens, tokens, "max_num_tokens");
     if (cp.num_tokens > INT32_MAX)
       fail(PAGEDATTN_ERROR_OVERFLOW, "desc->max_num_tokens = %lld overflows int32",
            static_cast<long long>(cp.num_tokens));
-    cp.blocks_per_seq =
-        static_cast<int32_t>(pick_cap(d.max_blocks_per_seq, max_blocks, "max_blocks_per_seq"));
+    /* Table capacities default to what the tables passed can address, so a batch planned at a
+     * prefill step takes the decode steps that follow through update. */
+    const bool tables = self.present && d.block_tables;
+    cp.blocks_per_seq = static_cast<int32_t>(pick_cap(
+        d.max_blocks_per_seq, max_blocks, tables ? d.block_table_stride : 0, "max_blocks_per_seq"));
     cp.num_encoder_tokens =
-        pick_cap(d.max_num_encoder_tokens, sum_enc, "max_num_encoder_tokens");
-    cp.seq_len = pick_cap(d.max_seq_len, max_seq, "max_seq_len");
+        pick_cap(d.max_num_encoder_tokens, sum_enc, sum_enc, "max_num_encoder_tokens");
+    int64_t reach = tables ? static_cast<int64_t>(cp.blocks_per_seq) * self.block_size : 0;
+    if (use_cross && d.cross_block_tables)
+      reach = std::max<int64_t>(
+          reach, static_cast<int64_t>(d.cross_block_table_stride) * cross.block_size);
+    cp.seq_len = pick_cap(d.max_seq_len, max_seq, std::min<int64_t>(reach, INT32_MAX),
+                          "max_seq_len");
     /* max_seq_len sizes the cross tables' rows; a width past int32 would be truncated, and the
      * rows copied into a table allocated that narrow. */
     if (cross.present && ceil_div(cp.seq_len, cross.block_size) > INT32_MAX)

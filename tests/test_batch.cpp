@@ -271,6 +271,60 @@ TEST_F(Batch, UpdateInPlaceWithinCapacity) {
   EXPECT_EQ(std::vector<int32_t>(qs, qs + 5), (std::vector<int32_t>{0, 1, 2, 10, 12}));
 }
 
+TEST_F(Batch, DefaultCapacitiesCoverTheTablesPassed) {
+  // A prefill step planned from a table sized for the sequence's final length (3 blocks): the
+  // decode steps that follow fit without hand-set capacities, up to what the table addresses.
+  describe({5}, {0}, {4, 9, 2}, 3);
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  pagedattn_batch_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_EQ(pagedattn_batch_get_info(&info, batch), PAGEDATTN_OK);
+  EXPECT_EQ(info.max_blocks_per_seq, 3) << "0 = block_table_stride";
+  EXPECT_EQ(info.max_num_seqs, 1);
+  EXPECT_EQ(info.max_num_tokens, 5);
+  const std::vector<int32_t> q = {1}, tab = {4, 9, 2};
+  for (int32_t ctx = 5; ctx < 3 * bs; ++ctx) {
+    const std::vector<int32_t> c = {ctx};
+    pagedattn_batch_desc u;
+    pagedattn_batch_desc_init(&u);
+    u.num_seqs = 1;
+    u.query_lens = q.data();
+    u.context_lens = c.data();
+    u.block_tables = tab.data();
+    u.block_table_stride = 3;
+    ASSERT_EQ(pagedattn_batch_update(batch, &u), PAGEDATTN_OK) << ctx << ": " << pat::last_error();
+    EXPECT_EQ(slots(), (std::vector<int64_t>{tab[ctx / bs] * int64_t{bs} + ctx % bs}));
+  }
+  // One token past the table's reach is refused, and the batch keeps its last step.
+  const auto before = slots();
+  const std::vector<int32_t> c = {3 * bs}, wide = {4, 9, 2, 7};
+  pagedattn_batch_desc u;
+  pagedattn_batch_desc_init(&u);
+  u.num_seqs = 1;
+  u.query_lens = q.data();
+  u.context_lens = c.data();
+  u.block_tables = wide.data();
+  u.block_table_stride = 4;
+  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &u), PAGEDATTN_ERROR_CAPACITY,
+                        "table width needed 4 > max_blocks_per_seq 3"));
+  EXPECT_EQ(slots(), before);
+  // Explicit capacities still mean exactly what they say.
+  pagedattn_batch_destroy(batch);
+  batch = nullptr;
+  describe({5}, {0}, {4, 9, 2}, 3);
+  bd.max_blocks_per_seq = 2;  // 5 tokens of block size 4
+  bd.max_seq_len = 5;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  const std::vector<int32_t> c5 = {5};
+  u.context_lens = c5.data();
+  u.block_tables = tab.data();
+  u.block_table_stride = 3;
+  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &u), PAGEDATTN_ERROR_CAPACITY,
+                        "max sequence length 6 > max_seq_len 5"));
+}
+
 TEST_F(Batch, UpdateBeyondCapacityKeepsPreviousContents) {
   describe({2, 1}, {0, 4}, {5, 6, 7, 1, 2, 3}, 3);
   bd.max_num_seqs = 3;

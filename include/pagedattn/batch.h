@@ -58,13 +58,18 @@ typedef struct pagedattn_batch_desc {
   const int32_t* encoder_lens;        /* [num_seqs], each >= 0 */
   const int32_t* cross_block_tables;  /* [num_seqs][cross_block_table_stride] */
   int32_t cross_block_table_stride;
-  /* Capacity for later pagedattn_batch_update calls (0 = exactly this batch's size). */
+  /* Capacity for later pagedattn_batch_update calls. 0 = this batch's size for the counts, and
+   * what the tables passed can address for the table width and sequence length, so a batch
+   * planned at a prefill step takes the decode steps that follow without hand-set capacities. */
   int32_t max_num_seqs;
   int64_t max_num_tokens;       /* upper bound on sum(query_lens) */
-  int32_t max_blocks_per_seq;   /* upper bound on the table width used */
+  int32_t max_blocks_per_seq;   /* upper bound on the table width used; 0 = block_table_stride */
   int64_t max_num_encoder_tokens; /* upper bound on sum(encoder_lens) */
   int64_t max_seq_len;          /* upper bound on context_len + query_len (and encoder_len);
-                                   sizes split-KV workspace; 0 = this batch's maximum */
+                                   sizes split-KV workspace on GPUs; 0 = max_blocks_per_seq *
+                                   block_size, or cross_block_table_stride * the cross cache's
+                                   block size if larger (at most INT32_MAX; without block tables
+                                   this batch's maximum) */
 } pagedattn_batch_desc;
 
 /* Fills *desc with zeros and sets struct_size. Returns PAGEDATTN_ERROR_NULL_POINTER if NULL. */

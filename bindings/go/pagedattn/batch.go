@@ -14,7 +14,9 @@ type BatchDesc struct {
 	EncoderLens           []int32 // cross attention: encoder tokens per sequence
 	CrossBlockTables      []int32 // cross attention: [num_seqs][CrossBlockTableStride]
 	CrossBlockTableStride int
-	// Capacities for later Update calls (0 = this batch's size).
+	// Capacities for later Update calls. 0 = this batch's size for the counts; for the table
+	// width BlockTableStride, and for the sequence length what the tables address
+	// (MaxBlocksPerSeq * block size, or the cross tables' reach if larger).
 	MaxNumSeqs          int
 	MaxNumTokens        int64
 	MaxBlocksPerSeq     int

@@ -185,11 +185,11 @@ class Batch(_Handle):
             the same object as ``cache``).
         max_num_seqs, max_num_tokens, max_num_encoder_tokens: capacities for :meth:`update`
             (0 = this batch's size).
-        max_blocks_per_seq: capacity for the table width :meth:`update` may use; None (the
-            default) = the width of ``block_tables`` as passed, 0 = what this batch uses.
-        max_seq_len: capacity for context_len + query_len (and encoder_len); None (the default)
-            = what the tables can address: ``max_blocks_per_seq * block_size``, and the cross
-            tables' width times the cross cache's block size; 0 = this batch's maximum.
+        max_blocks_per_seq: capacity for the table width :meth:`update` may use (0 = the width
+            of ``block_tables`` as passed).
+        max_seq_len: capacity for context_len + query_len (and encoder_len); 0 = what the
+            tables can address: ``max_blocks_per_seq * block_size``, or the cross tables' width
+            times the cross cache's block size if larger.
 
     So a batch planned from tables sized for the sequences' final lengths (a prefill step, say)
     takes the later decode steps through :meth:`update` without hand-set capacities.
@@ -212,28 +212,17 @@ class Batch(_Handle):
                  context_lens: Any = None, block_tables: Any = None, *, slot_mapping: Any = None,
                  cross_cache: Optional[KVCache] = None, encoder_lens: Any = None,
                  cross_block_tables: Any = None, max_num_seqs: int = 0, max_num_tokens: int = 0,
-                 max_blocks_per_seq: Optional[int] = None, max_num_encoder_tokens: int = 0,
-                 max_seq_len: Optional[int] = None) -> None:
+                 max_blocks_per_seq: int = 0, max_num_encoder_tokens: int = 0,
+                 max_seq_len: int = 0) -> None:
         bh = backend._handle()
         cache_h, cross_h = _handle_or_null(cache), _handle_or_null(cross_cache)
         desc, keep = _desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
                            cross_block_tables)
         desc.max_num_seqs = checked_int(max_num_seqs, "int32", "max_num_seqs")
         desc.max_num_tokens = checked_int(max_num_tokens, "int64", "max_num_tokens")
-        if max_blocks_per_seq is None:
-            max_blocks_per_seq = desc.block_table_stride if cache is not None else 0
         desc.max_blocks_per_seq = checked_int(max_blocks_per_seq, "int32", "max_blocks_per_seq")
         desc.max_num_encoder_tokens = checked_int(max_num_encoder_tokens, "int64",
                                                   "max_num_encoder_tokens")
-        if max_seq_len is None:
-            # What the tables can address; 0 (this batch's maximum) without a self cache or
-            # with max_blocks_per_seq=0, where the tables do not bound the lengths.
-            max_seq_len = 0
-            if cache is not None and desc.max_blocks_per_seq > 0:
-                max_seq_len = desc.max_blocks_per_seq * cache._geometry.block_size
-                if cross_cache is not None and keep[4] is not None:
-                    max_seq_len = max(max_seq_len, desc.cross_block_table_stride *
-                                      cross_cache._geometry.block_size)
         desc.max_seq_len = checked_int(max_seq_len, "int64", "max_seq_len")
         out = ctypes.c_void_p()
         _check(_lib().pagedattn_batch_create(ctypes.byref(out), bh, cache_h, cross_h,

@@ -234,8 +234,8 @@ def test_prefill_then_decode_updates_without_hand_set_capacities(be: pa.Backend)
                          vals[pos:pos + 1])
         ref, _ = decoder_attention(qs[pos:pos + 1], [keys], [vals], [1], [pos])
         assert rel_err(out, ref) <= 1e-5, pos
-    # Explicit zeros keep the library's meaning: exactly this batch's size.
-    tight = pa.Batch(be, cache, [prompt], [0], table, max_blocks_per_seq=0, max_seq_len=0)
+    # Explicit capacities mean what they say.
+    tight = pa.Batch(be, cache, [prompt], [0], table, max_blocks_per_seq=1, max_seq_len=prompt)
     with pytest.raises(pa.PagedAttnError) as e:
         tight.update([1], [prompt + 2], table)
     assert e.value.code == pa.Status.CAPACITY

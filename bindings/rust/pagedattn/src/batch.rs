@@ -30,13 +30,14 @@ pub struct BatchDesc<'d> {
     pub cross_block_table_stride: usize,
     /// Capacity for updates: sequences (0 = this batch's).
     pub max_num_seqs: usize,
-    /// Capacity: tokens.
+    /// Capacity: tokens (0 = this batch's).
     pub max_num_tokens: usize,
-    /// Capacity: table width.
+    /// Capacity: table width (0 = `block_table_stride`).
     pub max_blocks_per_seq: usize,
-    /// Capacity: encoder tokens.
+    /// Capacity: encoder tokens (0 = this batch's).
     pub max_num_encoder_tokens: usize,
-    /// Capacity: context_len + query_len (and encoder_len).
+    /// Capacity: context_len + query_len (and encoder_len); 0 = what the tables address
+    /// (`max_blocks_per_seq * block_size`, or the cross tables' reach if larger).
     pub max_seq_len: usize,
 }
 
