@@ -50,10 +50,17 @@ pagedattn_backend* create_one(int32_t index, const pagedattn_backend_options& op
   b->refs.store(1);
   b->opts = opts;
   b->mem_used.store(0);
+  b->workspace_used.store(0);
+  b->live_caches.store(0);
+  b->live_batches.store(0);
   std::memset(&b->caps, 0, sizeof b->caps);
   ops->get_capabilities(state, &b->caps);
   b->caps.struct_size = sizeof(pagedattn_capabilities);
   if (!b->caps.name) b->caps.name = name;
+  if (!b->caps.target) b->caps.target = "";
+  if (!b->caps.settings) b->caps.settings = "";
+  log(PAGEDATTN_LOG_INFO, "%s: backend created on device %d: %s", b->caps.name,
+      opts.device_index, b->caps.settings);
   return b.release();
 }
 
@@ -139,6 +146,9 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_create(pagedattn_backend** out,
       for (int32_t idx : order) {
         try {
           *out = pa::publish(pa::create_one(idx, o));
+          if (!reasons.empty())
+            pa::log(PAGEDATTN_LOG_INFO, "auto: picked %s; passed over: %s", (*out)->caps.name,
+                    reasons.c_str());
           return;
         } catch (const pa::Error& e) {
           reasons += (reasons.empty() ? "" : "; ") + e.msg;
@@ -166,6 +176,21 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_get_capabilities(
     pa::check_out_struct(out, "out");
     pagedattn_backend* b = pa::check_backend(backend, "backend");
     pa::write_struct(out, b->caps);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_backend_get_memory_usage(
+    pagedattn_memory_usage* out, const pagedattn_backend* backend) {
+  return pa::guard([&] {
+    pa::check_out_struct(out, "out");
+    const pagedattn_backend* b = pa::check_backend(backend, "backend");
+    pagedattn_memory_usage u;
+    std::memset(&u, 0, sizeof u);
+    u.bytes_in_use = b->mem_used.load() + b->workspace_used.load();
+    u.memory_limit = b->opts.memory_limit;
+    u.num_caches = b->live_caches.load();
+    u.num_batches = b->live_batches.load();
+    pa::write_struct(out, u);
   });
 }
 

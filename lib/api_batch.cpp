@@ -101,6 +101,18 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
       throw;
     }
     pa::backend_retain(b);
+    b->workspace_used += h->pb.backend_bytes;
+    b->live_batches += 1;
+    if (pa::log_enabled(PAGEDATTN_LOG_DEBUG))
+      pa::log(PAGEDATTN_LOG_DEBUG,
+              "%s: batch planned: %d sequences, %lld tokens; capacities %d sequences, %lld "
+              "tokens, %d blocks per sequence, sequence length %lld; %llu bytes of host "
+              "metadata, %llu of workspace",
+              pa::backend_name(b), h->plan.num_seqs, static_cast<long long>(h->plan.num_tokens),
+              h->caps.num_seqs, static_cast<long long>(h->caps.num_tokens),
+              h->caps.blocks_per_seq, static_cast<long long>(h->caps.seq_len),
+              static_cast<unsigned long long>(charged),
+              static_cast<unsigned long long>(h->pb.backend_bytes));
     *out = h.release();
   });
 }
@@ -141,8 +153,13 @@ PAGEDATTN_API void pagedattn_batch_destroy(pagedattn_batch* batch) {
   pagedattn_backend* b = batch->backend;
   if (batch->planned) b->ops->free_batch(b->state, &batch->pb);
   const uint64_t charged = pa::plan_host_bytes(batch->caps, batch->self, batch->cross);
+  const uint64_t workspace = batch->pb.backend_bytes;
   delete batch;
   pa::backend_unreserve(b, charged);
+  b->workspace_used -= workspace;
+  b->live_batches -= 1;
+  pa::log(PAGEDATTN_LOG_DEBUG, "%s: batch destroyed: %llu bytes released", pa::backend_name(b),
+          static_cast<unsigned long long>(charged + workspace));
   pa::backend_release(b);
 }
 
@@ -166,6 +183,8 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_get_info(pagedattn_batch_info* ou
     info.max_num_tokens = h->caps.num_tokens;
     info.max_blocks_per_seq = h->caps.blocks_per_seq;
     info.block_size = h->self.block_size;
+    info.host_bytes = pa::plan_host_bytes(h->caps, h->self, h->cross);
+    info.workspace_bytes = h->pb.backend_bytes;
     pa::write_struct(out, info);
   });
 }

@@ -91,6 +91,15 @@ pagedattn_kv_cache* finish_cache(std::unique_ptr<pagedattn_kv_cache> c) {
     throw;
   }
   backend_retain(b);
+  b->live_caches += 1;
+  if (log_enabled(PAGEDATTN_LOG_DEBUG))
+    log(PAGEDATTN_LOG_DEBUG,
+        "%s: cache created: %d layers x %d blocks of %d tokens, %d kv heads x %d, %s; %s %llu "
+        "bytes",
+        backend_name(b), c->desc.num_layers, c->desc.num_blocks, c->desc.block_size,
+        c->desc.num_kv_heads, c->desc.head_size, dtype_name(c->desc.dtype),
+        !c->slab ? "wraps caller memory," : c->pc.host ? "pinned host memory," : "allocated",
+        static_cast<unsigned long long>(c->slab ? c->bytes : 0));
   return c.release();
 }
 
@@ -318,11 +327,15 @@ PAGEDATTN_API void pagedattn_kv_cache_destroy(pagedattn_kv_cache* cache) {
   cache->magic = 0;
   pagedattn_backend* b = cache->backend;
   if (cache->attached && b->ops->cache_detach) b->ops->cache_detach(b->state, &cache->pc);
+  const uint64_t bytes = cache->slab ? cache->bytes : 0;
   if (cache->slab) {
     b->ops->free(b->state, cache->slab, cache->pc.host);
     pa::backend_unreserve(b, cache->bytes);
   }
   delete cache;
+  b->live_caches -= 1;
+  pa::log(PAGEDATTN_LOG_DEBUG, "%s: cache destroyed: %llu bytes released", pa::backend_name(b),
+          static_cast<unsigned long long>(bytes));
   pa::backend_release(b);
 }
 

@@ -29,7 +29,11 @@ struct pagedattn_backend {
   std::atomic<int64_t> refs; /* 1 for the user + 1 per live cache/batch */
   pagedattn_capabilities caps;
   pagedattn_backend_options opts;
-  std::atomic<uint64_t> mem_used; /* bytes of caches allocated through ops->alloc */
+  std::atomic<uint64_t> mem_used; /* bytes of caches allocated through ops->alloc and of batch
+                                     host metadata: what memory_limit bounds here */
+  std::atomic<uint64_t> workspace_used; /* sum of live batches' pa_batch.backend_bytes */
+  std::atomic<int32_t> live_caches;
+  std::atomic<int32_t> live_batches;
 };
 
 struct pagedattn_kv_cache {

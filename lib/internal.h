@@ -5,6 +5,7 @@
 #define PAGEDATTN_LIB_INTERNAL_H
 
 #include <cstdarg>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -31,6 +32,16 @@ std::string vformat(const char* fmt, va_list ap);
 void set_last_error(const char* msg) noexcept;
 void clear_last_error() noexcept;
 
+/* The message logging of log.cpp: log() formats and sends a message to the application's
+ * callback when one is set for `level` (cheap otherwise: one atomic load); log_enabled says
+ * whether it would, for messages costly to compose. Never throws. */
+bool log_enabled(pagedattn_log_level level) noexcept;
+void log(pagedattn_log_level level, const char* fmt, ...) noexcept
+    __attribute__((format(printf, 2, 3)));
+
+/* A failed call's end: sets the thread's message and logs it at PAGEDATTN_LOG_ERROR. */
+pagedattn_status failed(pagedattn_status status, const char* msg) noexcept;
+
 /* Runs f, maps every exception to a status, and sets (or clears) the thread's message. */
 template <class F>
 pagedattn_status guard(F&& f) noexcept {
@@ -39,30 +50,39 @@ pagedattn_status guard(F&& f) noexcept {
     clear_last_error();
     return PAGEDATTN_OK;
   } catch (const Error& e) {
-    set_last_error(e.msg.c_str());
-    return e.status;
+    return failed(e.status, e.msg.c_str());
   } catch (const std::bad_alloc&) {
-    set_last_error("out of host memory");
-    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+    return failed(PAGEDATTN_ERROR_OUT_OF_MEMORY, "out of host memory");
   } catch (const std::length_error&) {
-    set_last_error("out of host memory (allocation size too large)");
-    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+    return failed(PAGEDATTN_ERROR_OUT_OF_MEMORY, "out of host memory (allocation size too large)");
   } catch (const std::exception& e) {
-    set_last_error(e.what());
-    return PAGEDATTN_ERROR_INTERNAL;
+    return failed(PAGEDATTN_ERROR_INTERNAL, e.what());
   } catch (...) {
-    set_last_error("internal error: unknown exception");
-    return PAGEDATTN_ERROR_INTERNAL;
+    return failed(PAGEDATTN_ERROR_INTERNAL, "internal error: unknown exception");
   }
 }
 
 /* Raises the status a backend op returned, prefixing its message with the backend's name. */
 void check_op(pagedattn_status st, const char* backend, const char* op, const char* msg);
 
-/* Known struct sizes: from the first published layout up to this library's sizeof. Every struct
- * is at its first layout today, so that is exactly sizeof; a size larger than this library knows
- * (a newer caller's fields it cannot honour) is refused too. */
-void check_struct_size(uint32_t size, size_t current, const char* name);
+/* Known struct sizes: from the first published layout (first_size) up to this library's sizeof;
+ * a size larger than this library knows (a newer caller's fields it cannot honour) is refused
+ * too. */
+void check_struct_size(uint32_t size, size_t first, size_t current, const char* name);
+
+/* The size of a struct's first published layout: sizeof for a struct that has not grown. */
+template <class T>
+constexpr size_t first_size() {
+  return sizeof(T);
+}
+template <>
+constexpr size_t first_size<pagedattn_capabilities>() {
+  return offsetof(pagedattn_capabilities, target); /* 0.1 */
+}
+template <>
+constexpr size_t first_size<pagedattn_batch_info>() {
+  return offsetof(pagedattn_batch_info, host_bytes); /* 0.1 */
+}
 
 /* Reads an input struct that starts with uint32 struct_size and copies min(struct_size, sizeof)
  * bytes over zeros, so once a struct grows, an older caller's shorter struct reads as if the new
@@ -72,7 +92,7 @@ T read_struct(const T* p, const char* name) {
   if (!p) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
   uint32_t size;
   std::memcpy(&size, p, sizeof size);
-  check_struct_size(size, sizeof(T), name);
+  check_struct_size(size, first_size<T>(), sizeof(T), name);
   T out;
   std::memset(&out, 0, sizeof out);
   std::memcpy(&out, p, size < sizeof(T) ? size : sizeof(T));
@@ -85,7 +105,7 @@ void check_out_struct(const T* p, const char* name) {
   if (!p) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
   uint32_t size;
   std::memcpy(&size, p, sizeof size);
-  check_struct_size(size, sizeof(T), name);
+  check_struct_size(size, first_size<T>(), sizeof(T), name);
 }
 
 /* Writes `value` into an output struct: min(struct_size, sizeof) bytes, keeping the caller's

@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 /* Bump on any change to the structs or ops below. */
-#define PA_PLUGIN_ABI_VERSION 1u
+#define PA_PLUGIN_ABI_VERSION 2u
 #define PA_MSG_LEN 512
 
 /* A resolved [rows, heads, dim] tensor (dim stride 1). data already includes byte_offset. */
@@ -102,6 +102,8 @@ typedef struct pa_batch {
   int64_t cap_num_encoder_tokens;
   int64_t cap_seq_len;
   void* backend_data;             /* the backend's plan/workspace (plan_batch), or NULL */
+  uint64_t backend_bytes;         /* set by the first plan_batch: the bytes backend_data holds
+                                     (device or host), for pagedattn_batch_info */
 } pa_batch;
 
 /* One forward call, resolved. */
@@ -164,7 +166,7 @@ typedef struct pa_backend_ops {
   /* Creates backend state. opts is complete (all fields valid, defaults applied). */
   pagedattn_status (*create)(void** state, const pagedattn_backend_options* opts, char* msg);
   void (*destroy)(void* state);
-  /* Fills every field of caps except struct_size. */
+  /* Fills every field of caps except struct_size; target and settings stay valid until destroy. */
   void (*get_capabilities)(void* state, pagedattn_capabilities* caps);
 
   /* Zero-filled memory for caches: on the device, or (host = 1) pinned host memory. */

@@ -63,9 +63,7 @@ void check_op(pagedattn_status st, const char* backend, const char* op, const ch
   fail(st, "%s: %s failed with %s", backend, op, pagedattn_status_string(st));
 }
 
-void check_struct_size(uint32_t size, size_t current, const char* name) {
-  /* The first published layout of every struct is today's. */
-  const size_t first = current;
+void check_struct_size(uint32_t size, size_t first, size_t current, const char* name) {
   if (size < first)
     fail(PAGEDATTN_ERROR_STRUCT_SIZE, "%s->struct_size = %u < minimum %zu", name, size, first);
   if (size > current)

@@ -50,6 +50,16 @@ typedef struct pagedattn_capabilities {
   uint32_t head_sizes;       /* bit i set = head size 8*(i+1) supported (8..256) */
   int32_t max_num_threads;   /* CPU: worker threads in use; GPU: 0 */
   uint64_t total_memory;     /* bytes of device memory (GPU), 0 if unknown / host */
+  /* Since 0.2 (a caller built against 0.1 passes the shorter struct_size and gets the fields
+   * above). Both strings are owned by the backend and valid until it is destroyed. */
+  const char* target;        /* the code path the backend runs, which decides how results round:
+                                on CPU backends the SIMD target, spelled as PAGEDATTN_CPU_TARGET
+                                takes it ("AVX3_AMX", "AVX3_BF16", "AVX3", "AVX2", "SSE4"...);
+                                on GPU backends the device architecture ("sm_90", "gfx942") */
+  const char* settings;      /* one line: what the backend chose when it was created and the
+                                value of every environment variable it read, e.g. "target
+                                AVX3_BF16 (best runnable; PAGEDATTN_CPU_TARGET unset), prefetch
+                                twice, 2 threads, PAGEDATTN_CPU_SPIN_US=100" */
 } pagedattn_capabilities;
 
 /* Options for pagedattn_backend_create. Initialise with pagedattn_backend_options_init. */
@@ -117,6 +127,23 @@ PAGEDATTN_API void pagedattn_backend_destroy(pagedattn_backend* backend);
  * Thread-safe. */
 PAGEDATTN_API pagedattn_status pagedattn_backend_get_capabilities(
     pagedattn_capabilities* out, const pagedattn_backend* backend);
+
+/* Memory a backend holds now (pagedattn_backend_get_memory_usage). */
+typedef struct pagedattn_memory_usage {
+  uint32_t struct_size;  /* in: sizeof(pagedattn_memory_usage) */
+  uint64_t bytes_in_use; /* caches it allocated (not caches over caller memory), batch metadata
+                            and batch workspaces, on the device and in host memory: what
+                            memory_limit bounds */
+  uint64_t memory_limit; /* the backend's memory_limit; 0 = unlimited */
+  int32_t num_caches;    /* caches created from the backend and not yet destroyed */
+  int32_t num_batches;   /* batches likewise */
+} pagedattn_memory_usage;
+
+/* Fills *out (up to out->struct_size bytes) with what `backend` holds at the time of the call;
+ * with other threads allocating, the figures are a snapshot. Returns PAGEDATTN_ERROR_NULL_POINTER
+ * (out, backend), PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_HANDLE. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_backend_get_memory_usage(
+    pagedattn_memory_usage* out, const pagedattn_backend* backend);
 
 /* Waits until all work pagedattn queued on `stream` (NULL = default stream) has finished, and
  * reports an asynchronous device error if one occurred. CPU backends run synchronously, so this

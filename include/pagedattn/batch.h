@@ -137,6 +137,12 @@ typedef struct pagedattn_batch_info {
   int64_t max_num_tokens;
   int32_t max_blocks_per_seq;
   int32_t block_size;
+  /* Since 0.2 (a caller built against 0.1 passes the shorter struct_size). Sized for the
+   * capacities, so update does not change them; both count against the backend's memory_limit. */
+  uint64_t host_bytes;        /* the planned host metadata: lengths, tables, slot mappings */
+  uint64_t workspace_bytes;   /* the backend's own: on CPU backends the workers' scratch and
+                                 split-KV partials (host memory); on GPUs the device copy of the
+                                 metadata, work lists and split-KV partials (device memory) */
 } pagedattn_batch_info;
 
 /* Fills *out (up to out->struct_size bytes). Returns PAGEDATTN_ERROR_NULL_POINTER (out, batch),

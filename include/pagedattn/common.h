@@ -95,6 +95,27 @@ PAGEDATTN_API const char* pagedattn_status_string(pagedattn_status status);
  * pagedattn call on the same thread. Thread-safe (the message is thread-local). */
 PAGEDATTN_API const char* pagedattn_last_error(void);
 
+/* Log levels, most severe first; a callback receives every message at or above its level. */
+typedef enum pagedattn_log_level {
+  PAGEDATTN_LOG_ERROR = 0, /* a call failed: "<status name>: <the message of pagedattn_last_error>" */
+  PAGEDATTN_LOG_INFO = 1,  /* a backend was created: its name and settings (see capabilities);
+                              what "auto" picked and why each better candidate was passed over */
+  PAGEDATTN_LOG_DEBUG = 2  /* a cache or batch was created or destroyed, with its sizes in bytes */
+} pagedattn_log_level;
+
+/* A log sink: `message` is one line without a newline, valid only during the call. */
+typedef void (*pagedattn_log_fn)(void* user_data, pagedattn_log_level level, const char* message);
+
+/* Sends the library's messages at `max_level` and above to `fn` (NULL: no logging, the
+ * default), process-wide, replacing any earlier callback. The callback runs synchronously on the
+ * thread that made the call being logged (never on a worker thread), possibly on many threads at
+ * once, so it must be thread-safe; pagedattn calls made from inside it are not logged. Once this
+ * function returns, the previous callback is not running and is not called again. Returns
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (max_level not a pagedattn_log_level; called from inside the
+ * callback), and then keeps the earlier callback. Thread-safe. */
+PAGEDATTN_API pagedattn_status pagedattn_set_log_callback(pagedattn_log_fn fn, void* user_data,
+                                                         pagedattn_log_level max_level);
+
 /* Returns the library's version as PAGEDATTN_VERSION_NUMBER would (major*10000+minor*100+patch)
  * and, when the pointers are non-NULL, its parts. A caller should check that the major version
  * equals the PAGEDATTN_VERSION_MAJOR it was compiled against. Thread-safe; cannot fail. */

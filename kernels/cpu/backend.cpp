@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "plugin_abi.h"
 #include "schedule.h"
+#include "kernels/runtime/env.h"
 #include "kernels/runtime/host_alloc.h"
 #include "kernels/runtime/spin.h"
 #include "kernels/runtime/thread_pool.h"
@@ -27,6 +28,7 @@ constexpr size_t kAlign = 64;  // slack at the end of a batch workspace
 
 struct Backend {
   Target target;
+  std::string settings;         // pagedattn_capabilities.settings
   pa_runtime::ThreadPool* pool;
   uint64_t memory_limit;        // 0 = unlimited
   std::atomic<uint64_t> own_used{0};
@@ -91,6 +93,7 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
     c += sizeof(int64_t) * seqs;
     sc.splits = reinterpret_cast<int32_t*>(c);
     batch->backend_data = p;
+    batch->backend_bytes = bytes;
     return PAGEDATTN_OK;
   } catch (...) {
     set_msg(msg, "cpu: could not plan the batch (out of memory)");
@@ -188,6 +191,19 @@ pagedattn_status select_target(Target* target, char* msg) {
   return PAGEDATTN_OK;
 }
 
+// The settings line: what this backend runs and every variable it read.
+std::string describe(const Target& t, int threads, int spin_us) {
+  std::string s = "target ";
+  s += t.name;
+  s += getenv("PAGEDATTN_CPU_TARGET") ? " (PAGEDATTN_CPU_TARGET)"
+                                       : " (best runnable; PAGEDATTN_CPU_TARGET unset)";
+  s += t.prefetch_twice ? ", prefetch twice (" : ", prefetch once (";
+  s += pa_runtime::env_note("PAGEDATTN_CPU_PREFETCH") + "), " + std::to_string(threads) +
+       " threads, spin " + std::to_string(spin_us) + " us (" +
+       pa_runtime::env_note("PAGEDATTN_CPU_SPIN_US") + ")";
+  return s;
+}
+
 pagedattn_status create_with(void** state, const pagedattn_backend_options* opts,
                              std::atomic<uint64_t>* shared_used, char* msg) {
   try {
@@ -205,6 +221,7 @@ pagedattn_status create_with(void** state, const pagedattn_backend_options* opts
       return PAGEDATTN_ERROR_OUT_OF_MEMORY;
     }
     b->target = target;
+    b->settings = describe(target, n, spin_us);
     b->memory_limit = opts->memory_limit;
     if (shared_used != nullptr) b->used = shared_used;
     try {
@@ -254,6 +271,8 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
   caps->head_sizes = 0xFFFFFFFFu;
   caps->max_num_threads = b->pool->size();
   caps->total_memory = 0;
+  caps->target = b->target.name;
+  caps->settings = b->settings.c_str();
 }
 
 pagedattn_status alloc(void* state, size_t bytes, int32_t /*host*/, void** ptr, char* msg) {

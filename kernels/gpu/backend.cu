@@ -11,6 +11,7 @@
 #include <atomic>
 #include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -67,6 +68,8 @@ struct State {
   uint64_t total_memory = 0;
   uint64_t limit = 0;
   std::atomic<uint64_t> used{0};
+  std::string target;    // pagedattn_capabilities.target: "sm_90", "gfx942"
+  std::string settings;  // pagedattn_capabilities.settings
   std::mutex mu;
   std::unordered_map<void*, size_t> sizes;  // allocation sizes, for the memory limit
 };
@@ -170,6 +173,23 @@ pagedattn_status create(void** out, const pagedattn_backend_options* opts, char*
   }
   s->sm_count = std::max(1, prop.multiProcessorCount);
   s->total_memory = prop.totalGlobalMem;
+  try {
+#if defined(PA_HIP)
+    // "gfx942:sramecc+:xnack-": the architecture is the part before the feature flags.
+    s->target = std::string(prop.gcnArchName).substr(0, std::string(prop.gcnArchName).find(':'));
+#else
+    s->target = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+#endif
+    char line[512];
+    snprintf(line, sizeof line, "device %d: %s (%s), %d multiprocessors, %.1f GiB", s->device,
+             prop.name, s->target.c_str(), s->sm_count,
+             static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+    s->settings = line;
+  } catch (...) {
+    delete s;
+    set_msg(msg, "out of host memory creating the %s backend", PA_RUNTIME_NAME);
+    return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+  }
   *out = s;
   return PAGEDATTN_OK;
 }
@@ -199,6 +219,8 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
                                                  : (1u << (PA_GPU_MAX_HEAD_SIZE / 8)) - 1u;
   caps->max_num_threads = 0;
   caps->total_memory = s->total_memory;
+  caps->target = s->target.c_str();
+  caps->settings = s->settings.c_str();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -542,6 +564,7 @@ pagedattn_status plan_batch(void* state, pa_batch* b, int32_t is_update, char* m
       return st == PAGEDATTN_ERROR_DEVICE ? PAGEDATTN_ERROR_OUT_OF_MEMORY : st;
     }
     b->backend_data = pl;
+    b->backend_bytes = pl->dev_bytes;
   }
   pagedattn_status st = fill_plan(pl, b, msg);
   if (st != PAGEDATTN_OK) {

@@ -81,6 +81,7 @@ struct Backend {
   Pool* pool = nullptr;
   bool bf16 = false;       // native bf16 matmul available
   int min_query = 16;      // sequences with query_len >= this use the oneDNN tiles
+  std::string settings;    // pagedattn_capabilities.settings
   uint64_t memory_limit = 0;
   std::atomic<uint64_t> used{0};   // also counts the embedded CPU backend's allocations
   void* cpu = nullptr;             // the embedded CPU backend (pa_cpu_backend_ops())
@@ -96,6 +97,7 @@ struct BatchWork {
   std::vector<int32_t> short_lens; // [cap_num_seqs] query_lens with the oneDNN rows zeroed
   void* cpu_plan = nullptr;        // the embedded CPU backend's plan of the same batch
   std::vector<void*> blocks;       // aligned allocations to free
+  uint64_t bytes = 0;              // the cpu plan's and the blocks' (pa_batch.backend_bytes)
 };
 
 // ---- oneDNN tile kernels ----
@@ -327,6 +329,20 @@ bool native_bf16(const dnnl::engine& eng) {
   return std::string(pd.impl_info_str()).find("ref") == std::string::npos;
 }
 
+// The settings line: oneDNN's part, then the embedded cpu backend's.
+std::string describe(Backend& b) {
+  const dnnl_version_t* v = dnnl_version();
+  pagedattn_capabilities cpu{};
+  pa_cpu_backend_ops()->get_capabilities(b.cpu, &cpu);
+  char head[256];
+  snprintf(head, sizeof head,
+           "oneDNN %d.%d.%d: chunks of %d or more query tokens on %s matmul tiles (", v->major,
+           v->minor, v->patch, b.min_query, b.bf16 ? "bf16" : "float32");
+  return std::string(head) + pa_runtime::env_note("PAGEDATTN_ONEDNN_BF16") + ", " +
+         pa_runtime::env_note("PAGEDATTN_ONEDNN_MIN_QUERY") +
+         "); decode and shorter chunks on the cpu kernels: " + cpu.settings;
+}
+
 pagedattn_status create(void** state, const pagedattn_backend_options* opts, char* msg) {
   Backend* b = nullptr;
   try {
@@ -359,6 +375,7 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
       delete b;
       return st;
     }
+    b->settings = describe(*b);
   } catch (const dnnl::error& e) {
     delete b;
     set_msg(msg, "onednn: oneDNN failed to initialise: %s", e.what());
@@ -388,6 +405,7 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
   pa_cpu_backend_ops()->get_capabilities(b->cpu, caps);
   caps->name = "onednn";
   caps->max_num_threads = b->threads;
+  caps->settings = b->settings.c_str();
 }
 
 // A failure of the embedded CPU backend, reported as this backend's ("cpu: x" -> "onednn: x").
@@ -469,6 +487,7 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
         return st;
       }
       w->cpu_plan = view.backend_data;
+      w->bytes = view.backend_bytes;
     }
     w->workers.resize(static_cast<size_t>(b->threads));
     // q, kt, v, s, p, acc (see Worker); float-sized, so either operand type fits.
@@ -485,6 +504,7 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
           return PAGEDATTN_ERROR_OUT_OF_MEMORY;
         }
         w->blocks.push_back(p[i]);
+        w->bytes += sizes[i];
       }
       wk.q = p[0];
       wk.kt = p[1];
@@ -505,6 +525,7 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
   }
   if (batch->backend_data != nullptr) free_work(b, static_cast<BatchWork*>(batch->backend_data));
   batch->backend_data = w;
+  batch->backend_bytes = w->bytes;
   return PAGEDATTN_OK;
 }
 

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include <string>
+
 namespace pa_runtime {
 
 /* Whether text is a whole decimal number in [lo, hi] (no sign, no spaces, nothing after it);
@@ -18,6 +20,13 @@ static inline bool parse_whole_number(const char* text, long lo, long hi, long* 
   if (*end != '\0' || errno != 0 || x < lo || x > hi) return false;
   *v = x;
   return true;
+}
+
+/* "NAME=value" when the variable is set, else "NAME unset": how a backend's settings line
+ * (pagedattn_capabilities.settings) names what it read. */
+static inline std::string env_note(const char* name) {
+  const char* v = getenv(name);
+  return v ? std::string(name) + "=" + v : std::string(name) + " unset";
 }
 
 }  // namespace pa_runtime

@@ -56,8 +56,11 @@ else
   CC=$CC CXX=$CXX meson setup "$build" "${opts[@]}" > "$setup_log" 2>&1
 fi || { cat "$setup_log"; echo "fuzz: FAIL: meson setup"; exit 1; }
 if [ "${FUZZ_NO_REBUILD:-0}" != 1 ]; then
+  # The core library only (the fuzz targets are built below), named by the project's version.
+  version=$(sed -n "s/^  version: '\(.*\)',$/\1/p" "$root/meson.build" | head -n 1)
   # shellcheck disable=SC2086
-  ninja -C "$build" ${NINJAFLAGS:-} lib/libpagedattn.so.0.1.0 || { echo "fuzz: FAIL: build"; exit 1; }
+  ninja -C "$build" ${NINJAFLAGS:-} "lib/libpagedattn.so.$version" ||
+    { echo "fuzz: FAIL: build"; exit 1; }
 fi
 
 mkdir -p "$build/fuzz" "$build/artifacts"

@@ -42,7 +42,7 @@ from ._types import (
     dtype_to_dlpack,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AttentionType", "Backend", "BackendInfo", "Batch", "BatchInfo", "BFloat16Array",
