@@ -41,6 +41,18 @@ class Capabilities:
     head_sizes: Tuple[int, ...]
     max_num_threads: int
     total_memory: int
+    target: str    # the SIMD target (CPU; as PAGEDATTN_CPU_TARGET spells it) or architecture
+    settings: str  # every choice made at creation and every environment variable read
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """What a backend holds now (``pagedattn_memory_usage``)."""
+
+    bytes_in_use: int  # caches it allocated, batch metadata and workspaces: what the limit bounds
+    memory_limit: int  # 0 = unlimited
+    num_caches: int
+    num_batches: int
 
 
 def backends() -> List[BackendInfo]:
@@ -115,8 +127,17 @@ class Backend(_Handle):
                 head_sizes=tuple(8 * (i + 1) for i in range(32) if c.head_sizes & (1 << i)),
                 max_num_threads=c.max_num_threads,
                 total_memory=c.total_memory,
+                target=(c.target or b"").decode(),
+                settings=(c.settings or b"").decode("utf-8", "replace"),
             )
         return self._caps
+
+    def memory_usage(self) -> MemoryUsage:
+        """The bytes this backend holds now and its live caches and batches (a snapshot)."""
+        u = _ffi.MemoryUsageStruct()
+        u.struct_size = ctypes.sizeof(u)
+        _check(_lib().pagedattn_backend_get_memory_usage(ctypes.byref(u), self._handle()))
+        return MemoryUsage(u.bytes_in_use, u.memory_limit, u.num_caches, u.num_batches)
 
     @property
     def name(self) -> str:

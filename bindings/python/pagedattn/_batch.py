@@ -37,6 +37,8 @@ class BatchInfo:
     max_num_tokens: int
     max_blocks_per_seq: int
     block_size: int
+    host_bytes: int       # planned host metadata (lengths, tables, slot mappings)
+    workspace_bytes: int  # the backend's workspace (device memory on GPUs)
 
 
 class _Ints:

@@ -65,7 +65,23 @@ class CapabilitiesStruct(ctypes.Structure):
         ("head_sizes", c_uint32),
         ("max_num_threads", c_int32),
         ("total_memory", c_uint64),
+        ("target", c_char_p),
+        ("settings", c_char_p),
     ]
+
+
+class MemoryUsageStruct(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("bytes_in_use", c_uint64),
+        ("memory_limit", c_uint64),
+        ("num_caches", c_int32),
+        ("num_batches", c_int32),
+    ]
+
+
+# void (*)(void* user_data, pagedattn_log_level level, const char* message)
+LogFn = ctypes.CFUNCTYPE(None, c_void_p, ctypes.c_int, c_char_p)
 
 
 class BackendOptionsStruct(ctypes.Structure):
@@ -153,6 +169,8 @@ class BatchInfoStruct(ctypes.Structure):
         ("max_num_tokens", c_int64),
         ("max_blocks_per_seq", c_int32),
         ("block_size", c_int32),
+        ("host_bytes", c_uint64),
+        ("workspace_bytes", c_uint64),
     ]
 
 
@@ -198,6 +216,11 @@ _PROTOTYPES = {
         _status,
         [ctypes.POINTER(CapabilitiesStruct), c_void_p],
     ),
+    "pagedattn_backend_get_memory_usage": (
+        _status,
+        [ctypes.POINTER(MemoryUsageStruct), c_void_p],
+    ),
+    "pagedattn_set_log_callback": (_status, [LogFn, c_void_p, ctypes.c_int]),
     "pagedattn_backend_synchronize": (_status, [c_void_p, c_void_p]),
     "pagedattn_kv_cache_desc_init": (_status, [ctypes.POINTER(KVCacheDescStruct)]),
     "pagedattn_kv_cache_bytes_per_block": (
@@ -269,6 +292,8 @@ _PROTOTYPES = {
 # The library major version this binding is written against (PAGEDATTN_VERSION_MAJOR): a
 # library of another major version has another ABI and is refused at load.
 EXPECTED_MAJOR = 0
+# The oldest minor version of that major with every call and struct field this binding uses.
+MIN_MINOR = 2
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
@@ -287,6 +312,12 @@ def check_version(lib: ctypes.CDLL, path: str, expected_major: Optional[int] = N
             f"pagedattn: {path} is libpagedattn {major.value}.{minor.value}.{patch.value}, but "
             f"this binding needs major version {want} (a different major version has a "
             "different ABI); install a matching libpagedattn or pagedattn binding"
+        )
+    if expected_major is None and minor.value < MIN_MINOR:
+        raise OSError(
+            f"pagedattn: {path} is libpagedattn {major.value}.{minor.value}.{patch.value}, but "
+            f"this binding needs {want}.{MIN_MINOR} or newer (it calls what {want}.{MIN_MINOR} "
+            "added); install a newer libpagedattn"
         )
 
 
@@ -343,11 +374,12 @@ def load() -> ctypes.CDLL:
             except OSError as e:
                 errors.append(f"{path}: {e}")
                 continue
+            # Before the prototypes: an older library lacks some of the functions.
+            check_version(lib, path)  # an explicit choice too: refused, never skipped
             for name, (res, args) in _PROTOTYPES.items():
                 fn = getattr(lib, name)
                 fn.restype = res
                 fn.argtypes = args
-            check_version(lib, path)  # an explicit choice too: refused, never skipped
             _lib_path = path
             _lib = lib
             return lib
