@@ -454,6 +454,43 @@ TEST(Concurrency, LastErrorPerThread) {
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(wrong[t], 0) << "thread " << t;
 }
 
+// The log callback replaced while other threads fail calls: each thread's message reaches the
+// callback in place whole, and a callback replaced is never called after the setter returns.
+TEST(Concurrency, LogCallbackReplacedWhileLogging) {
+  struct Sink {
+    std::atomic<bool> retired{false};
+    std::atomic<int> calls{0}, late{0}, garbled{0};
+  };
+  Sink sinks[2];
+  const pagedattn_log_fn fn = [](void* user, pagedattn_log_level, const char* msg) {
+    auto* s = static_cast<Sink*>(user);
+    s->calls++;
+    if (s->retired.load()) s->late++;
+    if (std::strstr(msg, "PAGEDATTN_ERROR_NULL_POINTER: desc is NULL") != msg) s->garbled++;
+  };
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> loggers;
+  for (int t = 0; t < kThreads - 1; ++t)
+    loggers.emplace_back([&] {
+      while (!stop.load()) (void)pagedattn_batch_desc_init(nullptr);
+    });
+  for (int round = 0; round < 200; ++round) {
+    Sink& next = sinks[round % 2];
+    next.retired = false;
+    ASSERT_EQ(pagedattn_set_log_callback(fn, &next, PAGEDATTN_LOG_ERROR), PAGEDATTN_OK);
+    sinks[(round + 1) % 2].retired = true;  // replaced: must not be called from here on
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(pagedattn_set_log_callback(nullptr, nullptr, PAGEDATTN_LOG_ERROR), PAGEDATTN_OK);
+  stop = true;
+  for (auto& th : loggers) th.join();
+  for (const Sink& s : sinks) {
+    EXPECT_GT(s.calls.load(), 0);
+    EXPECT_EQ(s.late.load(), 0) << "a replaced callback was called after the setter returned";
+    EXPECT_EQ(s.garbled.load(), 0);
+  }
+}
+
 // merge_states from many threads on one backend, each on its own tensors.
 TEST(Concurrency, MergeStatesFromManyThreads) {
   pagedattn_backend* be = make_backend(2);
