@@ -50,7 +50,6 @@ pagedattn_backend* create_one(int32_t index, const pagedattn_backend_options& op
   b->refs.store(1);
   b->opts = opts;
   b->mem_used.store(0);
-  b->workspace_used.store(0);
   b->live_caches.store(0);
   b->live_batches.store(0);
   std::memset(&b->caps, 0, sizeof b->caps);
@@ -186,7 +185,7 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_get_memory_usage(
     const pagedattn_backend* b = pa::check_backend(backend, "backend");
     pagedattn_memory_usage u;
     std::memset(&u, 0, sizeof u);
-    u.bytes_in_use = b->mem_used.load() + b->workspace_used.load();
+    u.bytes_in_use = b->mem_used.load();
     u.memory_limit = b->opts.memory_limit;
     u.num_caches = b->live_caches.load();
     u.num_batches = b->live_batches.load();

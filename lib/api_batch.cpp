@@ -91,7 +91,20 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
       h->planned = true;
       h->magic = pa::kBatchMagic;
       try {
-        pa::register_handle(h.get());
+        /* The backend's workspace counts against the same limit, so that caches, metadata
+         * and workspaces together stay within it (the backend checked only its own share). */
+        try {
+          pa::backend_reserve(b, h->pb.backend_bytes);
+        } catch (pa::Error& e) {
+          e.msg = "batch workspace: " + e.msg;
+          throw;
+        }
+        try {
+          pa::register_handle(h.get());
+        } catch (...) {
+          pa::backend_unreserve(b, h->pb.backend_bytes);
+          throw;
+        }
       } catch (...) {
         b->ops->free_batch(b->state, &h->pb);
         throw;
@@ -101,7 +114,6 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
       throw;
     }
     pa::backend_retain(b);
-    b->workspace_used += h->pb.backend_bytes;
     b->live_batches += 1;
     if (pa::log_enabled(PAGEDATTN_LOG_DEBUG))
       pa::log(PAGEDATTN_LOG_DEBUG,
@@ -155,8 +167,7 @@ PAGEDATTN_API void pagedattn_batch_destroy(pagedattn_batch* batch) {
   const uint64_t charged = pa::plan_host_bytes(batch->caps, batch->self, batch->cross);
   const uint64_t workspace = batch->pb.backend_bytes;
   delete batch;
-  pa::backend_unreserve(b, charged);
-  b->workspace_used -= workspace;
+  pa::backend_unreserve(b, charged + workspace);
   b->live_batches -= 1;
   pa::log(PAGEDATTN_LOG_DEBUG, "%s: batch destroyed: %llu bytes released", pa::backend_name(b),
           static_cast<unsigned long long>(charged + workspace));

@@ -29,9 +29,8 @@ struct pagedattn_backend {
   std::atomic<int64_t> refs; /* 1 for the user + 1 per live cache/batch */
   pagedattn_capabilities caps;
   pagedattn_backend_options opts;
-  std::atomic<uint64_t> mem_used; /* bytes of caches allocated through ops->alloc and of batch
-                                     host metadata: what memory_limit bounds here */
-  std::atomic<uint64_t> workspace_used; /* sum of live batches' pa_batch.backend_bytes */
+  std::atomic<uint64_t> mem_used; /* bytes of caches allocated through ops->alloc, batch host
+                                     metadata and backend workspaces: what memory_limit bounds */
   std::atomic<int32_t> live_caches;
   std::atomic<int32_t> live_batches;
 };
@@ -81,7 +80,7 @@ pagedattn_batch* check_batch(const pagedattn_batch* b, const char* name);
 void backend_retain(pagedattn_backend* b) noexcept;
 void backend_release(pagedattn_backend* b) noexcept;
 
-/* Memory-limit accounting for allocations made for caches. */
+/* Memory-limit accounting (mem_used): reserve fails with OUT_OF_MEMORY past the limit. */
 void backend_reserve(pagedattn_backend* b, uint64_t bytes);
 void backend_unreserve(pagedattn_backend* b, uint64_t bytes) noexcept;
 

@@ -196,6 +196,67 @@ TEST_F(Introspection, MemoryUsageFollowsCachesAndBatches) {
   EXPECT_EQ(u.bytes_in_use, 0u);
 }
 
+TEST_F(Introspection, LimitBoundsCachesMetadataAndWorkspacesTogether) {
+  // What a cache and a batch take on the unlimited backend; then a limit one byte short of it,
+  // which the core's count refuses whatever the backend's own check (which also counts its
+  // allocator's headers) says, and one with room for those headers.
+  // A wide table row makes the host metadata larger than the backend's allocator headers, so
+  // one byte short is past the core's count and within the backend's own.
+  const std::vector<int32_t> q = {5}, c = {0};
+  std::vector<int32_t> tab(512, 0);
+  tab[1] = 2;
+  pagedattn_batch_desc d;
+  pagedattn_batch_desc_init(&d);
+  d.num_seqs = 1;
+  d.query_lens = q.data();
+  d.context_lens = c.data();
+  d.block_tables = tab.data();
+  d.block_table_stride = 512;
+  auto plan = [&](pagedattn_backend* on, pagedattn_kv_cache* cache, pagedattn_batch** out) {
+    return pagedattn_batch_create(out, on, cache, nullptr, &d);
+  };
+  pagedattn_kv_cache* cache = make_cache(3);
+  ASSERT_NE(cache, nullptr);
+  pagedattn_batch* batch = nullptr;
+  ASSERT_EQ(plan(be, cache, &batch), PAGEDATTN_OK) << pat::last_error();
+  const uint64_t total = usage_of(be).bytes_in_use;
+  pagedattn_batch_destroy(batch);
+  pagedattn_kv_cache_destroy(cache);
+
+  for (const uint64_t limit : {total + 4096, total - 1}) {
+    pagedattn_backend_options o;
+    pagedattn_backend_options_init(&o);
+    o.memory_limit = limit;
+    pagedattn_backend* limited = nullptr;
+    ASSERT_EQ(pagedattn_backend_create(&limited, pat::backend_name().c_str(), &o), PAGEDATTN_OK);
+    std::swap(be, limited);
+    cache = make_cache(3);
+    std::swap(be, limited);
+    ASSERT_NE(cache, nullptr);
+    const uint64_t cache_bytes = usage_of(limited).bytes_in_use;
+    batch = nullptr;
+    const pagedattn_status st = plan(limited, cache, &batch);
+    const auto refused = status_is(st, PAGEDATTN_ERROR_OUT_OF_MEMORY, "memory_limit");
+    const bool by_core = std::string(pagedattn_last_error()).rfind("batch workspace: ", 0) == 0;
+    const pagedattn_memory_usage u = usage_of(limited);
+    if (limit > total) {
+      EXPECT_EQ(st, PAGEDATTN_OK) << pat::last_error();
+      EXPECT_EQ(u.bytes_in_use, total);
+    } else {
+      EXPECT_TRUE(refused);
+      EXPECT_TRUE(by_core) << "refused by the core's count of the workspace";
+      EXPECT_EQ(batch, nullptr);
+      EXPECT_EQ(u.bytes_in_use, cache_bytes) << "a refused batch holds nothing";
+      EXPECT_EQ(u.num_batches, 0);
+    }
+    EXPECT_LE(u.bytes_in_use, limit);
+    pagedattn_batch_destroy(batch);
+    pagedattn_kv_cache_destroy(cache);
+    EXPECT_EQ(usage_of(limited).bytes_in_use, 0u);
+    pagedattn_backend_destroy(limited);
+  }
+}
+
 TEST_F(Introspection, MemoryUsageReportsTheLimitAndRefusesBadArguments) {
   pagedattn_backend_options o;
   pagedattn_backend_options_init(&o);

@@ -68,8 +68,9 @@ typedef struct pagedattn_backend_options {
   int32_t device_index;   /* GPU ordinal; 0 on CPU */
   int32_t num_threads;    /* CPU backends: worker threads, 0 = one per online core */
   uint32_t flags;         /* reserved, must be 0 */
-  /* Upper bound on bytes this backend may allocate for caches and batch workspaces
-   * (0 = unlimited). An allocation beyond it fails with PAGEDATTN_ERROR_OUT_OF_MEMORY. */
+  /* Upper bound on bytes this backend may hold for caches, batch metadata and batch workspaces
+   * together (0 = unlimited; pagedattn_backend_get_memory_usage reports the sum). An allocation
+   * beyond it fails with PAGEDATTN_ERROR_OUT_OF_MEMORY. */
   uint64_t memory_limit;
 } pagedattn_backend_options;
 
