@@ -283,30 +283,27 @@ TEST_F(Batch, DefaultCapacitiesCoverTheTablesPassed) {
   EXPECT_EQ(info.max_blocks_per_seq, 3) << "0 = block_table_stride";
   EXPECT_EQ(info.max_num_seqs, 1);
   EXPECT_EQ(info.max_num_tokens, 5);
-  const std::vector<int32_t> q = {1}, tab = {4, 9, 2};
-  for (int32_t ctx = 5; ctx < 3 * bs; ++ctx) {
-    const std::vector<int32_t> c = {ctx};
+  // A one-token step of the sequence at context `ctx` over `table`.
+  const std::vector<int32_t> q = {1}, tab = {4, 9, 2}, wide = {4, 9, 2, 7};
+  int32_t ctx = 0;
+  auto step = [&](const std::vector<int32_t>& table) {
     pagedattn_batch_desc u;
     pagedattn_batch_desc_init(&u);
     u.num_seqs = 1;
     u.query_lens = q.data();
-    u.context_lens = c.data();
-    u.block_tables = tab.data();
-    u.block_table_stride = 3;
-    ASSERT_EQ(pagedattn_batch_update(batch, &u), PAGEDATTN_OK) << ctx << ": " << pat::last_error();
+    u.context_lens = &ctx;
+    u.block_tables = table.data();
+    u.block_table_stride = static_cast<int32_t>(table.size());
+    return pagedattn_batch_update(batch, &u);
+  };
+  for (ctx = 5; ctx < 3 * bs; ++ctx) {
+    ASSERT_EQ(step(tab), PAGEDATTN_OK) << ctx << ": " << pat::last_error();
     EXPECT_EQ(slots(), (std::vector<int64_t>{tab[ctx / bs] * int64_t{bs} + ctx % bs}));
   }
   // One token past the table's reach is refused, and the batch keeps its last step.
   const auto before = slots();
-  const std::vector<int32_t> c = {3 * bs}, wide = {4, 9, 2, 7};
-  pagedattn_batch_desc u;
-  pagedattn_batch_desc_init(&u);
-  u.num_seqs = 1;
-  u.query_lens = q.data();
-  u.context_lens = c.data();
-  u.block_tables = wide.data();
-  u.block_table_stride = 4;
-  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &u), PAGEDATTN_ERROR_CAPACITY,
+  ctx = 3 * bs;
+  EXPECT_TRUE(status_is(step(wide), PAGEDATTN_ERROR_CAPACITY,
                         "table width needed 4 > max_blocks_per_seq 3"));
   EXPECT_EQ(slots(), before);
   // Explicit capacities still mean exactly what they say.
@@ -317,11 +314,8 @@ TEST_F(Batch, DefaultCapacitiesCoverTheTablesPassed) {
   bd.max_seq_len = 5;
   ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK)
       << pat::last_error();
-  const std::vector<int32_t> c5 = {5};
-  u.context_lens = c5.data();
-  u.block_tables = tab.data();
-  u.block_table_stride = 3;
-  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &u), PAGEDATTN_ERROR_CAPACITY,
+  ctx = 5;
+  EXPECT_TRUE(status_is(step(tab), PAGEDATTN_ERROR_CAPACITY,
                         "max sequence length 6 > max_seq_len 5"));
 }
 
