@@ -2,8 +2,8 @@
 # Runs the Python binding's tests against a build tree:
 #   bindings/python/run_tests.sh <builddir> [pytest args...]
 # Runs the C conformance runner into a temporary directory first (the Python suite must match
-# its outputs byte for byte), then pytest. Exit status non-zero on any failure, including
-# "no tests collected".
+# its outputs byte for byte), then pytest, then the decode and porting examples. Exit status
+# non-zero on any failure, including "no tests collected".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -53,6 +53,10 @@ echo "python: examples/python/decode.py"
 "$python" "$root/examples/python/decode.py" > "$tmp/example.log" 2>&1 || {
   cat "$tmp/example.log"; echo "python: the example failed" >&2; exit 1; }
 tail -n 1 "$tmp/example.log"
+echo "python: examples/python/porting.py"
+"$python" "$root/examples/python/porting.py" > "$tmp/porting.log" 2>&1 || {
+  cat "$tmp/porting.log"; echo "python: the example failed" >&2; exit 1; }
+tail -n 1 "$tmp/porting.log"
 
 # pip install (offline, from a copy so the checkout stays clean), then import from there.
 if "$python" -c "import setuptools" 2> /dev/null && "$python" -m pip --version > /dev/null 2>&1; then

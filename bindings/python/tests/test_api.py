@@ -494,6 +494,7 @@ def test_every_method_after_close_raises_invalid_handle(be: pa.Backend) -> None:
             "capabilities": lambda: cbe.capabilities,
             "name": lambda: cbe.name,
             "synchronize": lambda: cbe.synchronize(),
+            "memory_usage": lambda: cbe.memory_usage(),
             "forward": lambda: cbe.forward(live_batch, live, 0, q, kv, kv),
             "merge_states": lambda: cbe.merge_states(o, lse, o, lse),
         },
