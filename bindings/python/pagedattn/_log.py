@@ -7,7 +7,7 @@ import threading
 from typing import Callable, Optional
 
 from . import _ffi
-from ._status import _check, _lib
+from ._status import PagedAttnError, Status, _check, _lib
 
 
 class LogLevel(enum.IntEnum):
@@ -21,6 +21,10 @@ class LogLevel(enum.IntEnum):
 _lock = threading.Lock()
 # The ctypes trampoline the library holds: kept alive here until it is replaced.
 _installed: Optional[_ffi.LogFn] = None
+# Set while this thread runs the callback. The library holds a shared lock during the call and
+# a setter waits for it, so a setter called from inside must be refused before taking _lock:
+# another thread's setter may hold _lock while it waits for this very call to return.
+_inside = threading.local()
 
 _TO_LOGGING = {LogLevel.ERROR: logging.ERROR, LogLevel.INFO: logging.INFO,
                LogLevel.DEBUG: logging.DEBUG}
@@ -40,6 +44,9 @@ def set_log_callback(fn: Optional[Callable[[LogLevel, str], None]],
     """
     global _installed
     level = LogLevel(level)
+    if getattr(_inside, "active", False):
+        raise PagedAttnError(Status.INVALID_ARGUMENT,
+                             "set_log_callback called from inside the log callback")
     with _lock:
         if fn is None:
             _check(_lib().pagedattn_set_log_callback(_ffi.LogFn(), None, int(level)))
@@ -47,7 +54,11 @@ def set_log_callback(fn: Optional[Callable[[LogLevel, str], None]],
             return
 
         def trampoline(_user: Optional[int], raw_level: int, message: bytes) -> None:
-            fn(LogLevel(raw_level), message.decode("utf-8", "replace"))
+            _inside.active = True
+            try:
+                fn(LogLevel(raw_level), message.decode("utf-8", "replace"))
+            finally:
+                _inside.active = False
 
         cb = _ffi.LogFn(trampoline)
         _check(_lib().pagedattn_set_log_callback(cb, None, int(level)))

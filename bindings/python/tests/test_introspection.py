@@ -89,3 +89,24 @@ def test_log_to_logging(be: pa.Backend, caplog: pytest.LogCaptureFixture) -> Non
 def test_log_level_must_be_a_log_level() -> None:
     with pytest.raises(ValueError):
         pa.set_log_callback(print, 7)  # type: ignore[arg-type]
+
+
+def test_set_from_inside_the_callback_is_refused(be: pa.Backend) -> None:
+    seen: List[str] = []
+
+    def replace_from_inside(level: pa.LogLevel, message: str) -> None:
+        try:
+            pa.set_log_callback(None)
+        except pa.PagedAttnError as e:
+            seen.append(e.code.name)
+
+    pa.set_log_callback(replace_from_inside)
+    try:
+        with pytest.raises(pa.PagedAttnError):
+            _cache(be, 0)
+        assert seen == ["INVALID_ARGUMENT"]
+        with pytest.raises(pa.PagedAttnError):  # still installed
+            _cache(be, 0)
+        assert seen == ["INVALID_ARGUMENT"] * 2
+    finally:
+        pa.set_log_callback(None)
