@@ -7,7 +7,7 @@ use crate::attention::AttentionOptions;
 use crate::batch::Batch;
 use crate::cache::KvCache;
 use crate::tensor::{Device, Stream, Tensor, TensorMut};
-use crate::{check, from_c, static_str, sys, to_c_i32, DType, Error, Result, Status};
+use crate::{check, from_c, owned_str, static_str, sys, to_c_i32, DType, Error, Result, Status};
 
 /// One entry of the backend list ([`backends`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +114,13 @@ pub struct Capabilities {
     pub max_num_threads: usize,
     /// Bytes of device memory (GPU), 0 if unknown or host.
     pub total_memory: u64,
+    /// The code path the backend runs, which decides how results round: on CPU backends the
+    /// SIMD target as `PAGEDATTN_CPU_TARGET` spells it ("AVX3_BF16", "AVX2"...), on GPU backends
+    /// the device architecture ("sm_90", "gfx942").
+    pub target: String,
+    /// One line: what the backend chose when it was created and the value of every environment
+    /// variable it read (e.g. "PAGEDATTN_CPU_SPIN_US=100").
+    pub settings: String,
 }
 
 impl Capabilities {
@@ -136,6 +143,21 @@ impl Capabilities {
     pub fn head_size_list(&self) -> Vec<usize> {
         (0..32).filter(|i| self.head_sizes & (1 << i) != 0).map(|i| 8 * (i + 1)).collect()
     }
+}
+
+/// What a backend holds ([`Backend::memory_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUsage {
+    /// Bytes of the caches the backend allocated (not those over caller memory), of batch
+    /// metadata and of batch workspaces, on the device and in host memory: what `memory_limit`
+    /// bounds.
+    pub bytes_in_use: u64,
+    /// The backend's [`BackendOptions::memory_limit`]; 0 = unlimited.
+    pub memory_limit: u64,
+    /// Caches created from the backend and not yet dropped.
+    pub num_caches: usize,
+    /// Batches created from the backend and not yet dropped.
+    pub num_batches: usize,
 }
 
 /// A compute backend (`pagedattn_backend`): one device driven by one implementation.
@@ -212,6 +234,27 @@ impl Backend {
             head_sizes: caps.head_sizes,
             max_num_threads: from_c("max_num_threads", caps.max_num_threads)?,
             total_memory: caps.total_memory,
+            // SAFETY: strings the backend owns until it is destroyed (or NULL, read as ""); `&self`
+            // keeps it alive while they are copied.
+            target: unsafe { owned_str(caps.target) },
+            settings: unsafe { owned_str(caps.settings) },
+        })
+    }
+
+    /// The memory this backend holds now (`pagedattn_backend_get_memory_usage`): a snapshot
+    /// when other threads allocate at the same time.
+    pub fn memory_usage(&self) -> Result<MemoryUsage> {
+        let mut raw = sys::pagedattn_memory_usage {
+            struct_size: std::mem::size_of::<sys::pagedattn_memory_usage>() as u32,
+            ..Default::default()
+        };
+        // SAFETY: valid out struct with its size set; live handle.
+        check(unsafe { sys::pagedattn_backend_get_memory_usage(&mut raw, self.raw.as_ptr()) })?;
+        Ok(MemoryUsage {
+            bytes_in_use: raw.bytes_in_use,
+            memory_limit: raw.memory_limit,
+            num_caches: from_c("num_caches", raw.num_caches)?,
+            num_batches: from_c("num_batches", raw.num_batches)?,
         })
     }
 

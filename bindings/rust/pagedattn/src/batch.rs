@@ -126,6 +126,13 @@ pub struct BatchInfo {
     pub max_blocks_per_seq: usize,
     /// Block size of the cache planned against.
     pub block_size: usize,
+    /// Bytes of the planned host metadata (lengths, tables, slot mappings), sized for the
+    /// capacities so that updates keep it; counts against the backend's memory limit.
+    pub host_bytes: u64,
+    /// Bytes of the backend's own workspace: on CPU backends the workers' scratch and split-KV
+    /// partials (host memory), on GPUs the device copy of the metadata, work lists and partials.
+    /// Sized for the capacities; counts against the backend's memory limit.
+    pub workspace_bytes: u64,
 }
 
 /// A validated and planned batch (`pagedattn_batch`); borrows its backend for `'a`.
@@ -201,6 +208,8 @@ impl<'a> Batch<'a> {
             max_num_tokens: from_c("max_num_tokens", raw.max_num_tokens)?,
             max_blocks_per_seq: from_c("max_blocks_per_seq", raw.max_blocks_per_seq)?,
             block_size: from_c("block_size", raw.block_size)?,
+            host_bytes: raw.host_bytes,
+            workspace_bytes: raw.workspace_bytes,
         })
     }
 

@@ -30,6 +30,16 @@
 //! nothing else is affected. A batch's `update` takes `&mut self`, as the C API needs exclusive
 //! access.
 //!
+//! # Introspection and logging
+//!
+//! [`Backend::capabilities`] names the code path a backend runs ([`Capabilities::target`]: the
+//! SIMD target on CPUs, which decides how results round; the architecture on GPUs) and every
+//! choice and environment variable behind it ([`Capabilities::settings`]).
+//! [`Backend::memory_usage`] counts the bytes, caches and batches a backend holds, and
+//! [`BatchInfo`] the host and workspace bytes of one batch. [`set_log_callback`] sends the
+//! library's messages to a closure: every failed call at [`LogLevel::Error`], backend creation
+//! at [`LogLevel::Info`], caches and batches at [`LogLevel::Debug`].
+//!
 //! # Linking and running
 //!
 //! `pagedattn-sys` finds the library at build time through `PAGEDATTN_LIB_DIR` or `pkg-config
@@ -107,12 +117,14 @@ mod attention;
 mod backend;
 mod batch;
 mod cache;
+mod log;
 mod tensor;
 
 pub use attention::{AttentionOptions, AttentionType};
-pub use backend::{backends, Backend, BackendInfo, BackendOptions, Capabilities, Features};
+pub use backend::{backends, Backend, BackendInfo, BackendOptions, Capabilities, Features, MemoryUsage};
 pub use batch::{Batch, BatchDesc, BatchInfo};
 pub use cache::{CacheDesc, KvCache, Layout, LayerMemory};
+pub use log::{set_log_callback, LogCallback, LogLevel};
 pub use tensor::{DataType, Device, DeviceType, Element, NativeElement, Stream, Tensor, TensorMut};
 
 /// The README's examples, compiled and run as doctests so that they cannot drift from the API.
@@ -300,6 +312,19 @@ pub(crate) unsafe fn static_str(ptr: *const c_char) -> &'static str {
     }
 }
 
+/// Copies a C string the library owns for at least the call ("" for NULL; invalid UTF-8 is
+/// replaced, not refused, as it only describes).
+///
+/// # Safety
+/// `ptr` must be NULL or a NUL-terminated string valid for the duration of the call.
+pub(crate) unsafe fn owned_str(ptr: *const c_char) -> String {
+    if ptr.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(ptr).to_string_lossy().into_owned()
+    }
+}
+
 /// A library version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version {
@@ -325,7 +350,7 @@ pub fn version() -> Version {
     Version { major, minor, patch }
 }
 
-/// The run-time library's version string, e.g. `"0.1.0"`.
+/// The run-time library's version string, e.g. `"0.2.0"`.
 pub fn version_string() -> &'static str {
     // SAFETY: static string owned by the library.
     unsafe { static_str(sys::pagedattn_version_string()) }
