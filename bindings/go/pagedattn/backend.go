@@ -57,6 +57,24 @@ type Capabilities struct {
 	HeadSizes     uint32 // bit i = head size 8*(i+1)
 	MaxNumThreads int    // CPU: worker threads; GPU: 0
 	TotalMemory   uint64 // GPU memory in bytes, 0 if unknown or host
+	// Target is the code path the backend runs, which decides how results round: on CPU
+	// backends the SIMD target as PAGEDATTN_CPU_TARGET spells it ("AVX3_BF16", "AVX2"...), on
+	// GPU backends the device architecture ("sm_90", "gfx942").
+	Target string
+	// Settings is one line: what the backend chose when it was created and the value of every
+	// environment variable it read (e.g. "PAGEDATTN_CPU_SPIN_US=100").
+	Settings string
+}
+
+// MemoryUsage is what a backend holds at the time of the call (a snapshot while other
+// goroutines allocate).
+type MemoryUsage struct {
+	// BytesInUse counts the caches the backend allocated (not those over caller memory), batch
+	// metadata and batch workspaces, on the device and in host memory: what MemoryLimit bounds.
+	BytesInUse  uint64
+	MemoryLimit uint64 // the backend's BackendOptions.MemoryLimit; 0 = unlimited
+	NumCaches   int    // caches created from the backend and not yet closed
+	NumBatches  int    // batches likewise
 }
 
 // SupportsDType reports whether q/k/v/out may have dtype d.
@@ -120,6 +138,16 @@ func (b *Backend) Capabilities() (Capabilities, error) {
 	}
 	defer b.h.release()
 	return cCapabilities(p)
+}
+
+// MemoryUsage reports the bytes, caches and batches the backend holds now.
+func (b *Backend) MemoryUsage() (MemoryUsage, error) {
+	p, err := b.handle().acquire()
+	if err != nil {
+		return MemoryUsage{}, err
+	}
+	defer b.h.release()
+	return cMemoryUsage(p)
 }
 
 // Synchronize waits for the work queued on the stream (default: the default stream) and reports

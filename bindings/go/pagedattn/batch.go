@@ -75,6 +75,9 @@ type BatchInfo struct {
 	MaxNumTokens     int64
 	MaxBlocksPerSeq  int
 	BlockSize        int
+	// Sized for the capacities (Update keeps them); both count against the backend's MemoryLimit.
+	HostBytes      uint64 // the planned host metadata: lengths, tables, slot mappings
+	WorkspaceBytes uint64 // the backend's own: CPU scratch and split-KV partials; GPU device copies and partials
 }
 
 // Batch is a validated and planned batch. Forwards may share it concurrently; Update and Close

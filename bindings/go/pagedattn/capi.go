@@ -1,11 +1,13 @@
 package pagedattn
 
 // Everything that touches C lives in this file (the link flags come from cgo_pkgconfig.go or
-// cgo_flags.go, by build tag). Each wrapper below calls one pagedattn function
-// and, on failure, copies pagedattn_last_error() into the caller's buffer within the same C call:
-// the message is thread-local and a goroutine may move to another thread between two cgo calls.
-// Tensor and batch descriptors hold pointers, so they are assembled here in C from pointer-free
-// Go structs plus the data pointers passed as direct arguments (cgo's pointer rules).
+// cgo_flags.go, by build tag), except the log callback's exported Go entry point, which cgo
+// requires in a file whose preamble defines nothing (log.go). Each wrapper below calls one
+// pagedattn function and, on failure, copies pagedattn_last_error() into the caller's buffer
+// within the same C call: the message is thread-local and a goroutine may move to another thread
+// between two cgo calls. Tensor and batch descriptors hold pointers, so they are assembled here
+// in C from pointer-free Go structs plus the data pointers passed as direct arguments (cgo's
+// pointer rules).
 
 /*
 #include <stdlib.h>
@@ -67,6 +69,31 @@ static pagedattn_status go_backend_create(pagedattn_backend** out, const char* n
 static pagedattn_status go_capabilities(pagedattn_capabilities* c, pagedattn_backend* b, char* err) {
   c->struct_size = sizeof *c;
   return go_keep(pagedattn_backend_get_capabilities(c, b), err);
+}
+
+static pagedattn_status go_memory_usage(pagedattn_memory_usage* u, pagedattn_backend* b, char* err) {
+  memset(u, 0, sizeof *u);
+  u->struct_size = sizeof *u;
+  return go_keep(pagedattn_backend_get_memory_usage(u, b), err);
+}
+
+// The log callback: the library calls go_log_trampoline with user_data = a cgo.Handle of the Go
+// func, and it calls the Go side (log.go). go_in_log marks the thread as inside the callback:
+// there a goroutine stays on its thread, so SetLogCallback can refuse before taking its lock.
+extern void goPagedattnLog(uintptr_t handle, int level, char* message);
+static __thread int go_in_log;
+
+static void go_log_trampoline(void* user, pagedattn_log_level level, const char* message) {
+  go_in_log = 1;
+  goPagedattnLog((uintptr_t)user, (int)level, (char*)message);
+  go_in_log = 0;
+}
+
+static int go_log_inside(void) { return go_in_log; }
+
+static pagedattn_status go_set_log_callback(uintptr_t handle, int32_t level, char* err) {
+  return go_keep(pagedattn_set_log_callback(handle ? go_log_trampoline : NULL, (void*)handle,
+                                            (pagedattn_log_level)level), err);
 }
 
 static pagedattn_status go_synchronize(pagedattn_backend* b, void* stream, char* err) {
@@ -272,6 +299,8 @@ import "C"
 
 import (
 	"math"
+	"runtime/cgo"
+	"sync"
 	"unsafe"
 )
 
@@ -398,7 +427,58 @@ func cCapabilities(p unsafe.Pointer) (Capabilities, error) {
 		HeadSizes:     uint32(c.head_sizes),
 		MaxNumThreads: int(c.max_num_threads),
 		TotalMemory:   uint64(c.total_memory),
+		// Copied while the caller holds the backend, which owns them.
+		Target:   C.GoString(c.target),
+		Settings: C.GoString(c.settings),
 	}, nil
+}
+
+func cMemoryUsage(p unsafe.Pointer) (MemoryUsage, error) {
+	var e errBuf
+	var u C.pagedattn_memory_usage
+	if err := result(C.go_memory_usage(&u, (*C.pagedattn_backend)(p), e.ptr()), &e); err != nil {
+		return MemoryUsage{}, err
+	}
+	return MemoryUsage{BytesInUse: uint64(u.bytes_in_use), MemoryLimit: uint64(u.memory_limit),
+		NumCaches: int(u.num_caches), NumBatches: int(u.num_batches)}, nil
+}
+
+// logMu orders SetLogCallback calls, so that logHandle is the func the library holds. The
+// trampoline never takes it: a setter holds it while the library waits for callbacks in flight.
+var (
+	logMu     sync.Mutex
+	logHandle cgo.Handle // the func the library calls now; 0 for none
+)
+
+func cSetLogCallback(fn func(level LogLevel, msg string), level LogLevel) error {
+	if C.go_log_inside() != 0 {
+		// Waiting for logMu here could deadlock against a setter waiting for this callback.
+		return goError(InvalidArgument, "SetLogCallback called from inside the log callback")
+	}
+	var ck ints
+	lv := ck.i32("level", int(level))
+	if ck.err != nil {
+		return ck.err
+	}
+	var h cgo.Handle
+	if fn != nil {
+		h = cgo.NewHandle(fn)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	var e errBuf
+	if err := result(C.go_set_log_callback(C.uintptr_t(h), lv, e.ptr()), &e); err != nil {
+		if h != 0 {
+			h.Delete()
+		}
+		return err
+	}
+	// The library no longer calls the old func, so its handle can go.
+	if logHandle != 0 {
+		logHandle.Delete()
+	}
+	logHandle = h
+	return nil
 }
 
 func cSynchronize(p unsafe.Pointer, stream unsafe.Pointer) error {
@@ -647,7 +727,8 @@ func cBatchInfo(p unsafe.Pointer) (BatchInfo, error) {
 		NumEncoderTokens: int64(i.num_encoder_tokens), NumDecodeSeqs: int(i.num_decode_seqs),
 		NumPrefillSeqs: int(i.num_prefill_seqs), MaxQueryLen: int(i.max_query_len), MaxSeqLen: int64(i.max_seq_len),
 		MaxNumSeqs: int(i.max_num_seqs), MaxNumTokens: int64(i.max_num_tokens),
-		MaxBlocksPerSeq: int(i.max_blocks_per_seq), BlockSize: int(i.block_size)}, nil
+		MaxBlocksPerSeq: int(i.max_blocks_per_seq), BlockSize: int(i.block_size),
+		HostBytes: uint64(i.host_bytes), WorkspaceBytes: uint64(i.workspace_bytes)}, nil
 }
 
 func cBatchI64(p unsafe.Pointer, which int) ([]int64, error) {

@@ -13,6 +13,11 @@
 // Float16Tensor or HostTensor, which defer a bad description's error to the call that uses the
 // tensor (NewTensor reports it at once); device memory goes through TensorFromPointer.
 //
+// Backend.Capabilities names the code path a backend runs (Target) and the choices and
+// environment variables behind it (Settings); Backend.MemoryUsage and BatchInfo count the bytes
+// held; SetLogCallback sends the library's messages (failed calls, backends, caches, batches)
+// to a Go func.
+//
 // The library is found through pkg-config (module "pagedattn"); from a Meson build tree set
 // PKG_CONFIG_PATH=<builddir>/meson-uninstalled (an absolute path) and, to run,
 // LD_LIBRARY_PATH=<builddir>/lib. Building with the tag pagedattn_nopkgconfig skips pkg-config:
@@ -88,7 +93,7 @@ func LibraryVersion() Version {
 	return Version{ma, mi, pa}
 }
 
-// LibraryVersionString returns the run-time library's version string, e.g. "0.1.0".
+// LibraryVersionString returns the run-time library's version string, e.g. "0.2.0".
 func LibraryVersionString() string { return cVersionString() }
 
 // HeaderVersion is the version of the headers this package was compiled against; its Major must

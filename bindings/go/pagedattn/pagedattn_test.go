@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 )
 
@@ -567,5 +568,238 @@ func TestIntsThatDoNotFitInt32AreRefused(t *testing.T) {
 		t.Fatal("NumThreads 1<<32+1 made a backend")
 	} else {
 		wantCode(t, err, Overflow)
+	}
+}
+
+func TestCapabilitiesNameTargetAndSettings(t *testing.T) {
+	caps := must(cpuBackend(t).Capabilities())
+	if caps.Target == "" || caps.Settings == "" {
+		t.Fatalf("target %q, settings %q", caps.Target, caps.Settings)
+	}
+	// The CPU backend's line names its target and every variable it read.
+	if !strings.Contains(caps.Settings, caps.Target) || !strings.Contains(caps.Settings, "PAGEDATTN_CPU_SPIN_US") ||
+		strings.Contains(caps.Settings, "\n") {
+		t.Fatalf("settings %q (target %q)", caps.Settings, caps.Target)
+	}
+}
+
+func TestMemoryUsageCountsCachesAndBatches(t *testing.T) {
+	const limit = 1 << 30
+	be := must(NewBackendWithOptions("cpu", BackendOptions{MemoryLimit: limit}))
+	empty := MemoryUsage{MemoryLimit: limit}
+	if u := must(be.MemoryUsage()); u != empty {
+		t.Fatalf("new backend %+v", u)
+	}
+	d := smallDesc(NHD)
+	cacheBytes := must(d.BytesPerBlock()) * uint64(d.NumBlocks)
+	cache := must(NewKVCache(be, d))
+	withCache := MemoryUsage{BytesInUse: cacheBytes, MemoryLimit: limit, NumCaches: 1}
+	if u := must(be.MemoryUsage()); u != withCache {
+		t.Fatalf("with a cache %+v, want %+v", u, withCache)
+	}
+	batch := must(NewBatch(be, cache, nil, &BatchDesc{QueryLens: []int32{3, 1}, ContextLens: []int32{0, 5},
+		BlockTables: []int32{0, 1, 2, 3}, BlockTableStride: 2}))
+	info := must(batch.Info())
+	if info.HostBytes == 0 || info.WorkspaceBytes == 0 {
+		t.Fatalf("batch info %+v", info)
+	}
+	withBatch := MemoryUsage{BytesInUse: cacheBytes + info.HostBytes + info.WorkspaceBytes, MemoryLimit: limit,
+		NumCaches: 1, NumBatches: 1}
+	if u := must(be.MemoryUsage()); u != withBatch {
+		t.Fatalf("with a batch %+v, want %+v", u, withBatch)
+	}
+	// The sizes follow the capacities, so a smaller step keeps them.
+	if err := batch.Update(&BatchDesc{QueryLens: []int32{1}, ContextLens: []int32{2}, BlockTables: []int32{4, 0},
+		BlockTableStride: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if after := must(batch.Info()); after.HostBytes != info.HostBytes || after.WorkspaceBytes != info.WorkspaceBytes {
+		t.Fatalf("after update %+v, before %+v", after, info)
+	}
+	must(0, batch.Close())
+	if u := must(be.MemoryUsage()); u != withCache {
+		t.Fatalf("batch closed %+v, want %+v", u, withCache)
+	}
+	must(0, cache.Close())
+	if u := must(be.MemoryUsage()); u != empty {
+		t.Fatalf("all closed %+v", u)
+	}
+	must(0, be.Close())
+	_, err := be.MemoryUsage()
+	wantCode(t, err, InvalidHandle)
+}
+
+// logRecorder collects messages from the log callback (which may run on any goroutine).
+type logRecorder struct {
+	mu   sync.Mutex
+	msgs []string // "LEVEL: message"
+}
+
+func (r *logRecorder) record(level LogLevel, msg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, level.String()+": "+msg)
+}
+
+func (r *logRecorder) snapshot() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.msgs...)
+}
+
+func (r *logRecorder) has(prefix, part string) bool {
+	for _, m := range r.snapshot() {
+		if strings.HasPrefix(m, prefix) && strings.Contains(m, part) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestLogCallback(t *testing.T) {
+	t.Cleanup(func() { _ = SetLogCallback(nil, LogError) })
+	var rec logRecorder
+	must(0, SetLogCallback(rec.record, LogInfo))
+
+	_, err := NewBackend("no-such-backend")
+	e := wantCode(t, err, UnknownBackend)
+	be := cpuBackend(t)
+	caps := must(be.Capabilities())
+	cache := must(NewKVCache(be, smallDesc(NHD))) // DEBUG: below the level set
+	if !rec.has("ERROR: PAGEDATTN_ERROR_UNKNOWN_BACKEND: "+e.Msg, "") {
+		t.Fatalf("no ERROR line for the failed call in %q", rec.snapshot())
+	}
+	if !rec.has("INFO: cpu: backend created", caps.Settings) {
+		t.Fatalf("no INFO line for the backend in %q", rec.snapshot())
+	}
+	if rec.has("DEBUG", "") {
+		t.Fatalf("DEBUG lines at level INFO: %q", rec.snapshot())
+	}
+
+	// Bad levels are refused and keep the callback; 1<<32+1 would reach C as LogInfo.
+	wantCode(t, SetLogCallback(rec.record, LogLevel(3)), InvalidArgument)
+	wantCode(t, SetLogCallback(rec.record, LogLevel(1<<32+1)), Overflow)
+	_, err = NewBackend("still-logged")
+	wantCode(t, err, UnknownBackend)
+	if !rec.has("ERROR", "still-logged") {
+		t.Fatalf("callback lost after a refused level: %q", rec.snapshot())
+	}
+
+	// At DEBUG the cache's sizes come too.
+	var debug logRecorder
+	must(0, SetLogCallback(debug.record, LogDebug))
+	must(0, cache.Close())
+	if !debug.has("DEBUG", "cache destroyed") {
+		t.Fatalf("no DEBUG line for the cache in %q", debug.snapshot())
+	}
+
+	// Replacing the callback from inside it is refused (without deadlock); a panic in it is
+	// recovered, and the call being logged reports its own error as usual.
+	inner := make(chan error, 16)
+	must(0, SetLogCallback(func(LogLevel, string) {
+		select {
+		case inner <- SetLogCallback(nil, LogError):
+		default:
+		}
+		panic("a panic in the log callback (expected by the test)")
+	}, LogError))
+	_, err = NewBackend("no-such-backend")
+	wantCode(t, err, UnknownBackend)
+	select {
+	case err := <-inner:
+		wantCode(t, err, InvalidArgument)
+	default:
+		t.Fatal("the callback did not run")
+	}
+
+	// Removed: nothing more arrives.
+	must(0, SetLogCallback(nil, LogError))
+	n, m := len(rec.snapshot()), len(debug.snapshot())
+	_, _ = NewBackend("no-such-backend")
+	must(0, must(NewKVCache(be, smallDesc(NHD))).Close())
+	if len(rec.snapshot()) != n || len(debug.snapshot()) != m || len(inner) != 0 {
+		t.Fatal("a removed callback was called")
+	}
+	if LogInfo.String() != "INFO" || LogLevel(7).String() != "LogLevel(7)" {
+		t.Fatal("LogLevel.String")
+	}
+}
+
+func TestLogCallbackReplacedWhileGoroutinesLog(t *testing.T) {
+	// Once SetLogCallback returns, the func it replaced is never called again: each func checks
+	// that it is still allowed, and is disallowed right after its replacement is set.
+	t.Cleanup(func() { _ = SetLogCallback(nil, LogError) })
+	const funcs = 40
+	var allowed [funcs]bool // guarded by mu
+	var calls [funcs]int    // guarded by mu
+	var mu sync.Mutex
+	var violations []int
+	sink := func(i int) func(LogLevel, string) {
+		return func(LogLevel, string) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls[i]++
+			if !allowed[i] {
+				violations = append(violations, i)
+			}
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = NewBackend("no-such-backend")
+			}
+		}()
+	}
+	prev := -1
+	for i := 0; i < funcs; i++ {
+		mu.Lock()
+		allowed[i] = true
+		mu.Unlock()
+		if err := SetLogCallback(sink(i), LogError); err != nil {
+			t.Error(err)
+		}
+		if prev >= 0 {
+			mu.Lock()
+			allowed[prev] = false
+			mu.Unlock()
+		}
+		prev = i
+		// Replace each func only once it has run, so that replacements meet calls in flight.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			mu.Lock()
+			ran := calls[i] > 0
+			mu.Unlock()
+			if ran {
+				break
+			}
+			if time.Now().After(deadline) {
+				close(stop)
+				wg.Wait()
+				t.Fatalf("func %d never ran", i)
+			}
+			runtime.Gosched()
+		}
+	}
+	must(0, SetLogCallback(nil, LogError))
+	mu.Lock()
+	allowed[prev] = false
+	mu.Unlock()
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(violations) != 0 {
+		t.Fatalf("replaced funcs called afterwards: %v", violations)
 	}
 }
