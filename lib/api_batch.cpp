@@ -196,6 +196,8 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_get_info(pagedattn_batch_info* ou
     info.block_size = h->self.block_size;
     info.host_bytes = pa::plan_host_bytes(h->caps, h->self, h->cross);
     info.workspace_bytes = h->pb.backend_bytes;
+    info.max_num_encoder_tokens = h->caps.num_encoder_tokens;
+    info.max_seq_len_capacity = h->caps.seq_len;
     pa::write_struct(out, info);
   });
 }

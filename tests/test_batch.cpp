@@ -192,6 +192,9 @@ TEST_F(Batch, CrossSlotMapping) {
   info.struct_size = sizeof info;
   ASSERT_EQ(pagedattn_batch_get_info(&info, batch), PAGEDATTN_OK);
   EXPECT_EQ(info.num_encoder_tokens, 7);
+  EXPECT_EQ(info.max_num_encoder_tokens, 13) << "0 = this batch's sum(encoder_lens)";
+  // Self tables reach 2 blocks of 4, cross tables 2 blocks of 4: the larger, 8.
+  EXPECT_EQ(info.max_seq_len_capacity, 8);
   // Same cache for self and cross is allowed.
   pagedattn_batch* b2 = nullptr;
   EXPECT_EQ(pagedattn_batch_create(&b2, be, cache, cache, &bd), PAGEDATTN_OK) << pat::last_error();
@@ -281,6 +284,8 @@ TEST_F(Batch, DefaultCapacitiesCoverTheTablesPassed) {
   info.struct_size = sizeof info;
   ASSERT_EQ(pagedattn_batch_get_info(&info, batch), PAGEDATTN_OK);
   EXPECT_EQ(info.max_blocks_per_seq, 3) << "0 = block_table_stride";
+  EXPECT_EQ(info.max_seq_len_capacity, 3 * bs) << "0 = what the table addresses";
+  EXPECT_EQ(info.max_seq_len, 5);
   EXPECT_EQ(info.max_num_seqs, 1);
   EXPECT_EQ(info.max_num_tokens, 5);
   // A one-token step of the sequence at context `ctx` over `table`.

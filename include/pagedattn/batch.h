@@ -143,6 +143,8 @@ typedef struct pagedattn_batch_info {
   uint64_t workspace_bytes;   /* the backend's own: on CPU backends the workers' scratch and
                                  split-KV partials (host memory); on GPUs the device copy of the
                                  metadata, work lists and split-KV partials (device memory) */
+  int64_t max_num_encoder_tokens; /* the remaining capacities planned for */
+  int64_t max_seq_len_capacity;   /* what max_seq_len may reach through update */
 } pagedattn_batch_info;
 
 /* Fills *out (up to out->struct_size bytes). Returns PAGEDATTN_ERROR_NULL_POINTER (out, batch),

@@ -78,6 +78,9 @@ type BatchInfo struct {
 	// Sized for the capacities (Update keeps them); both count against the backend's MemoryLimit.
 	HostBytes      uint64 // the planned host metadata: lengths, tables, slot mappings
 	WorkspaceBytes uint64 // the backend's own: CPU scratch and split-KV partials; GPU device copies and partials
+	// The remaining capacities planned for.
+	MaxNumEncoderTokens int64
+	MaxSeqLenCapacity   int64 // what MaxSeqLen may reach through Update
 }
 
 // Batch is a validated and planned batch. Forwards may share it concurrently; Update and Close

@@ -728,7 +728,8 @@ func cBatchInfo(p unsafe.Pointer) (BatchInfo, error) {
 		NumPrefillSeqs: int(i.num_prefill_seqs), MaxQueryLen: int(i.max_query_len), MaxSeqLen: int64(i.max_seq_len),
 		MaxNumSeqs: int(i.max_num_seqs), MaxNumTokens: int64(i.max_num_tokens),
 		MaxBlocksPerSeq: int(i.max_blocks_per_seq), BlockSize: int(i.block_size),
-		HostBytes: uint64(i.host_bytes), WorkspaceBytes: uint64(i.workspace_bytes)}, nil
+		HostBytes: uint64(i.host_bytes), WorkspaceBytes: uint64(i.workspace_bytes),
+		MaxNumEncoderTokens: int64(i.max_num_encoder_tokens), MaxSeqLenCapacity: int64(i.max_seq_len_capacity)}, nil
 }
 
 func cBatchI64(p unsafe.Pointer, which int) ([]int64, error) {

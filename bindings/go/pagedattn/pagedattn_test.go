@@ -600,6 +600,10 @@ func TestMemoryUsageCountsCachesAndBatches(t *testing.T) {
 	batch := must(NewBatch(be, cache, nil, &BatchDesc{QueryLens: []int32{3, 1}, ContextLens: []int32{0, 5},
 		BlockTables: []int32{0, 1, 2, 3}, BlockTableStride: 2}))
 	info := must(batch.Info())
+	// Default capacities: the table width passed, and what it addresses (2 blocks of 4).
+	if info.MaxBlocksPerSeq != 2 || info.MaxSeqLenCapacity != 8 || info.MaxNumEncoderTokens != 0 {
+		t.Fatalf("batch capacities %+v", info)
+	}
 	if info.HostBytes == 0 || info.WorkspaceBytes == 0 {
 		t.Fatalf("batch info %+v", info)
 	}

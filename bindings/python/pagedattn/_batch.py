@@ -39,6 +39,8 @@ class BatchInfo:
     block_size: int
     host_bytes: int       # planned host metadata (lengths, tables, slot mappings)
     workspace_bytes: int  # the backend's workspace (device memory on GPUs)
+    max_num_encoder_tokens: int  # capacity
+    max_seq_len_capacity: int    # what max_seq_len may reach through update
 
 
 class _Ints:

@@ -171,6 +171,8 @@ class BatchInfoStruct(ctypes.Structure):
         ("block_size", c_int32),
         ("host_bytes", c_uint64),
         ("workspace_bytes", c_uint64),
+        ("max_num_encoder_tokens", c_int64),
+        ("max_seq_len_capacity", c_int64),
     ]
 
 

@@ -225,6 +225,7 @@ def test_prefill_then_decode_updates_without_hand_set_capacities(be: pa.Backend)
     prompt = 6
     batch = pa.Batch(be, cache, [prompt], [0], table)  # a prefill step, capacities defaulted
     assert batch.info.max_blocks_per_seq == 3
+    assert batch.info.max_seq_len_capacity == 3 * bs
     out = pa.forward(be, batch, cache, 0, qs[:prompt], keys[:prompt], vals[:prompt])
     ref, _ = decoder_attention(qs[:prompt], [keys], [vals], [prompt], [0])
     assert rel_err(out, ref) <= 1e-5

@@ -461,6 +461,8 @@ pub struct pagedattn_batch_info {
     pub block_size: i32,
     pub host_bytes: u64,
     pub workspace_bytes: u64,
+    pub max_num_encoder_tokens: i64,
+    pub max_seq_len_capacity: i64,
 }
 extern "C" {
     pub fn pagedattn_batch_get_info(

@@ -133,6 +133,10 @@ pub struct BatchInfo {
     /// partials (host memory), on GPUs the device copy of the metadata, work lists and partials.
     /// Sized for the capacities; counts against the backend's memory limit.
     pub workspace_bytes: u64,
+    /// Capacity: encoder tokens.
+    pub max_num_encoder_tokens: usize,
+    /// Capacity: what `max_seq_len` may reach through updates.
+    pub max_seq_len_capacity: usize,
 }
 
 /// A validated and planned batch (`pagedattn_batch`); borrows its backend for `'a`.
@@ -210,6 +214,8 @@ impl<'a> Batch<'a> {
             block_size: from_c("block_size", raw.block_size)?,
             host_bytes: raw.host_bytes,
             workspace_bytes: raw.workspace_bytes,
+            max_num_encoder_tokens: from_c("max_num_encoder_tokens", raw.max_num_encoder_tokens)?,
+            max_seq_len_capacity: from_c("max_seq_len_capacity", raw.max_seq_len_capacity)?,
         })
     }
 

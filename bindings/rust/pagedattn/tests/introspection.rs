@@ -45,6 +45,8 @@ fn memory_usage_counts_a_cache_and_a_batch_and_returns_to_zero() {
     }).unwrap();
     let info = batch.info().unwrap();
     assert!(info.host_bytes > 0 && info.workspace_bytes > 0, "{info:?}");
+    // Default capacities: the table width passed, and what it addresses (2 blocks of 4).
+    assert_eq!((info.max_blocks_per_seq, info.max_seq_len_capacity, info.max_num_encoder_tokens), (2, 8, 0));
     let with_batch = MemoryUsage {
         bytes_in_use: cache_bytes + info.host_bytes + info.workspace_bytes, num_caches: 1, num_batches: 1, ..empty
     };
