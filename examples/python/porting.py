@@ -115,6 +115,22 @@ def attend(q, keys, values):
     return out
 
 
+def step_rows(Q, K, V, cached, new):
+    """This step's positions per sequence and its q, k, v rows, sequence after sequence, as
+    query_start_loc orders them."""
+    pos = [range(c, c + n) for c, n in zip(cached, new)]
+    q = np.concatenate([Q[s][list(p)] for s, p in enumerate(pos)])
+    k = np.concatenate([K[s][list(p)] for s, p in enumerate(pos)])
+    v = np.concatenate([V[s][list(p)] for s, p in enumerate(pos)])
+    return pos, q, k, v
+
+
+def causal_ref(Q, K, V, pos):
+    """Causal self attention of those rows: the token at position t sees positions 0..t."""
+    return np.stack([attend(Q[s][t], K[s][:t + 1], V[s][:t + 1])
+                     for s, p in enumerate(pos) for t in p])
+
+
 def check(name, out, expected):
     err = float(np.abs(out.astype(np.float64) - expected).max())
     print(f"{name}: max |out - ref| = {err:.2e}")
@@ -172,18 +188,12 @@ def self_attention(backend, rng):
                     raise SystemExit("FAILED: the library's slots differ from vLLM's")
             else:
                 batch.update(**args)
-            # This step's rows, sequence after sequence, as query_start_loc orders them.
-            pos = [range(c, c + n) for c, n in zip(cached, step["new"])]
-            q = np.concatenate([Q[s][list(p)] for s, p in enumerate(pos)])
-            k = np.concatenate([K[s][list(p)] for s, p in enumerate(pos)])
-            v = np.concatenate([V[s][list(p)] for s, p in enumerate(pos)])
+            pos, q, k, v = step_rows(Q, K, V, cached, step["new"])
             # write_kv (the default) stores k/v at their slots first, like vLLM's
             # reshape_and_cache. An engine that already wrote them (FlashInfer's
             # append_paged_kv_cache) passes write_kv=False.
             out = pa.forward(backend, batch, cache, 0, q, k, v)
-            # Causal: the token at position p sees its sequence's positions 0..p.
-            ref = np.stack([attend(Q[s][t], K[s][:t + 1], V[s][:t + 1])
-                            for s, p in enumerate(pos) for t in p])
+            ref = causal_ref(Q, K, V, pos)
             check(f"{step['name']:16s} context_lens {args['context_lens'].tolist()} query_lens "
                   f"{args['query_lens'].tolist()}", out, ref)
             cached = [c + n for c, n in zip(cached, step["new"])]
@@ -234,14 +244,10 @@ def cross_attention(backend, rng):
                 batch = pa.Batch(backend, cache, cross_cache=xcache, **args)
             else:
                 batch.update(**args)  # passing encoder_lens again is optional in Python
-            pos = [range(c, c + n) for c, n in zip(cached, step["new"])]
-            q = np.concatenate([Q[s][list(p)] for s, p in enumerate(pos)])
-            k = np.concatenate([K[s][list(p)] for s, p in enumerate(pos)])
-            v = np.concatenate([V[s][list(p)] for s, p in enumerate(pos)])
+            pos, q, k, v = step_rows(Q, K, V, cached, step["new"])
             # The decoder layer's self attention: causal, over the self-attention cache.
             out = pa.forward(backend, batch, cache, 0, q, k, v)
-            ref = np.stack([attend(Q[s][t], K[s][:t + 1], V[s][:t + 1])
-                            for s, p in enumerate(pos) for t in p])
+            ref = causal_ref(Q, K, V, pos)
             check(f"cross {step['name']:10s} self attention ", out, ref)
             # Its cross attention (one q for both here, for brevity). At a sequence's first
             # step (context_len 0) the forward stores the encoder's k/v, whose rows are the
