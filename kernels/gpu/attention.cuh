@@ -134,7 +134,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   if (static_cast<int32_t>(blockIdx.x) >= *p.num_items) return;
   const WorkItem it = p.items[blockIdx.x];
 
-  extern __shared__ __align__(16) char smem_raw[];
+  PA_DYNAMIC_SHARED(16, smem_raw);
   float* qs = reinterpret_cast<float*>(smem_raw);
   char* kv_bufs = smem_raw + sizeof(float) * R * QROW;  // per stage: K chunk, then V chunk
   float* ss = reinterpret_cast<float*>(kv_bufs + kStages * 2 * CHUNK * ROWB);
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(256) attention_mma_kernel(const AttnParams p) 
   if (static_cast<int32_t>(blockIdx.x) >= *p.num_items) return;
   const WorkItem it = p.items[blockIdx.x];
 
-  extern __shared__ __align__(128) char mma_smem[];
+  PA_DYNAMIC_SHARED(128, mma_smem);
   char* smem_raw = mma_smem;
   T* qs = reinterpret_cast<T*>(smem_raw + L::kQ);
   T* ks = reinterpret_cast<T*>(smem_raw + L::kK);
@@ -549,7 +549,7 @@ gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStrea
   if (attr != gpuSuccess) return attr;
   const int nhg = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_kv_heads * nhg));
-  kernel<<<grid, L::kNT, L::kBytes, stream>>>(p);
+  PA_LAUNCH(kernel, grid, L::kNT, L::kBytes, stream)(p);
   return gpuGetLastError();
 }
 #endif  // PA_CUDA
@@ -579,7 +579,7 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
   }
   const int nhg = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_kv_heads * nhg));
-  kernel<<<grid, NT, smem, stream>>>(p);
+  PA_LAUNCH(kernel, grid, NT, smem, stream)(p);
   return gpuGetLastError();
 }
 

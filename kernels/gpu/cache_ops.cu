@@ -90,7 +90,8 @@ gpuError_t launch_write_t(int64_t max_rows, const WriteParams& p, gpuStream_t st
   const int threads = 256;
   int64_t blocks = (total + threads - 1) / threads;
   if (blocks > 65536) blocks = 65536;  // grid-stride loop covers the rest
-  cache_write_kernel<T, CT><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p);
+  auto kernel = cache_write_kernel<T, CT>;
+  PA_LAUNCH(kernel, static_cast<unsigned>(blocks), threads, 0, stream)(p);
   return gpuGetLastError();
 }
 
@@ -144,7 +145,7 @@ __global__ void copy_blocks_kernel(const CopyParams p) {
 gpuError_t launch_copy_blocks(const CopyParams& p, gpuStream_t stream) {
   if (p.num_pairs <= 0) return gpuSuccess;
   dim3 grid(static_cast<unsigned>(p.num_pairs), static_cast<unsigned>(p.num_layers), 2);
-  copy_blocks_kernel<<<grid, 256, 0, stream>>>(p);
+  PA_LAUNCH(copy_blocks_kernel, grid, 256, 0, stream)(p);
   return gpuGetLastError();
 }
 
@@ -189,7 +190,7 @@ gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergePar
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_heads));
   switch (qt) {
 #define PA_MERGE_DTYPE(CODE, T, ...) \
-  case CODE: split_merge_kernel<T><<<grid, 128, 0, stream>>>(p); break;
+  case CODE: PA_LAUNCH(split_merge_kernel<T>, grid, 128, 0, stream)(p); break;
     PA_GPU_DTYPES(PA_MERGE_DTYPE, )
 #undef PA_MERGE_DTYPE
     default: return gpuErrorInvalidValue;
@@ -234,7 +235,7 @@ gpuError_t launch_merge_states(int32_t qt, const MergeStatesParams& p, gpuStream
   dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
   switch (qt) {
 #define PA_MERGE_DTYPE(CODE, T, ...) \
-  case CODE: merge_states_kernel<T><<<grid, 128, 0, stream>>>(p); break;
+  case CODE: PA_LAUNCH(merge_states_kernel<T>, grid, 128, 0, stream)(p); break;
     PA_GPU_DTYPES(PA_MERGE_DTYPE, )
 #undef PA_MERGE_DTYPE
     default: return gpuErrorInvalidValue;

@@ -102,8 +102,8 @@ template <> struct is_fp8<e5m2_t> { static constexpr bool value = true; };
 // Whether load_floats converts T through the cvt instruction in this compilation pass.
 template <typename T>
 constexpr bool fp8_cvt_path() {
-#if defined(PA_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  return std::is_same<T, e4m3_t>::value;
+#if defined(PA_CUDA) && ((defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890) || defined(PA_SIM))
+  return std::is_same<T, e4m3_t>::value;  // (the emulator models sm_90)
 #else
   return false;
 #endif

@@ -89,4 +89,16 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define PA_SYNCWARP() __syncwarp()
 #endif
 
+// Kernel launches and dynamic shared memory go through these two macros, so the emulator
+// (sim/, built with PA_SIM by the host compiler) can give them their semantics on a CPU.
+// PA_LAUNCH(kernel, grid, block, smem, stream)(args...) is kernel<<<grid, block, smem, stream>>>.
+#if defined(PA_SIM)
+#define PA_LAUNCH(k, grid, block, smem, stream) \
+  ::pa_sim::launcher(k, #k, grid, block, smem, stream, __FILE__, __LINE__, PA_WARP_SIZE)
+#define PA_DYNAMIC_SHARED(align, name) char* const name = ::pa_sim::dynamic_smem()
+#else
+#define PA_LAUNCH(k, grid, block, smem, stream) k<<<grid, block, smem, stream>>>
+#define PA_DYNAMIC_SHARED(align, name) extern __shared__ __align__(align) char name[]
+#endif
+
 #endif  // PAGEDATTN_GPU_VENDOR_CUH

@@ -1,0 +1,333 @@
+// block.cpp — the block runner: each thread of a block is a fiber (Boost.Context); a thread runs
+// until it reaches a barrier, a warp-collective operation or its end, and the seed picks which
+// ready thread runs next. When no thread can run, the runner completes what every participant
+// has reached (a warp's shuffle or __syncwarp, then the block's __syncthreads) and aborts with
+// the kernel and line on divergence: a thread that exited, or waits elsewhere, while others wait.
+// Blocks of a grid run one after another in a seeded random order.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <new>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <boost/context/fiber.hpp>
+
+#include "simt.h"
+#include "stack_pool.h"
+
+namespace ctx = boost::context;
+
+namespace pa_sim {
+namespace {
+
+enum class Wait { kRun, kBlock, kWarp, kDone };
+enum class WarpOp { kSync, kShuffle };
+
+struct Copy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+
+struct Thread {
+  ctx::fiber fib;   // the thread, while suspended
+  ctx::fiber back;  // the runner, while the thread runs
+  Builtins b{};
+  int linear = 0;
+  Wait wait = Wait::kRun;
+  WarpOp op = WarpOp::kSync;
+  const char* file = "";
+  int line = 0;
+  const char* fn = "";
+  unsigned mask = 0;
+  uint64_t xin = 0, xout = 0;
+  int xlane = 0;
+  std::vector<Copy> open;               // cp.async copies not yet committed
+  std::deque<std::vector<Copy>> groups;  // committed groups, oldest first
+};
+
+struct BlockRun {
+  const LaunchConfig* cfg = nullptr;
+  uint3 block{};
+  uint64_t seed = 0;
+  char* smem = nullptr;
+  std::vector<Thread> th;
+  std::vector<float> scratch;  // 256 floats per warp
+};
+
+thread_local Thread* t_cur = nullptr;
+thread_local BlockRun* t_block = nullptr;
+
+uint64_t base_seed() {
+  static const uint64_t s = [] {
+    const char* e = getenv("PAGEDATTN_GPUSIM_SEED");
+    return (e && *e) ? strtoull(e, nullptr, 0) : uint64_t{1};
+  }();
+  return s;
+}
+std::atomic<uint64_t> g_launches{0};
+
+std::string site(const Thread& t) {
+  return std::string(t.file) + ":" + std::to_string(t.line);
+}
+
+[[noreturn]] void fail(const BlockRun& br, const std::string& what, const char* fn) {
+  const LaunchConfig& c = *br.cfg;
+  fprintf(stderr,
+          "gpusim: %s\n  kernel %s (launched at %s:%d as %s), block (%u,%u,%u) of (%u,%u,%u), "
+          "%u threads, warp size %d\n  seed: PAGEDATTN_GPUSIM_SEED=%llu (launch seed %llu)\n",
+          what.c_str(), fn && *fn ? fn : "?", c.file, c.line, c.name, br.block.x, br.block.y,
+          br.block.z, c.grid.x, c.grid.y, c.grid.z, c.block.x * c.block.y * c.block.z,
+          c.warp_size, static_cast<unsigned long long>(base_seed()),
+          static_cast<unsigned long long>(br.seed));
+  fflush(stderr);
+  abort();
+}
+
+Thread& cur() {
+  if (!t_cur) {
+    fprintf(stderr, "gpusim: a device function ran outside a kernel\n");
+    abort();
+  }
+  return *t_cur;
+}
+
+// Hands control back to the runner until this thread is resumed.
+void suspend(Thread& t) { t.back = std::move(t.back).resume(); }
+
+// Completes the warp operations whose every live lane has arrived; true if any completed.
+bool complete_warps(BlockRun& br, std::vector<int>& ready) {
+  const int n = static_cast<int>(br.th.size());
+  const int ws = br.cfg->warp_size;
+  bool progress = false;
+  for (int lo = 0; lo < n; lo += ws) {
+    const int hi = std::min(n, lo + ws);
+    int live = 0, at = 0;
+    const Thread* first = nullptr;
+    for (int i = lo; i < hi; ++i) {
+      const Thread& t = br.th[i];
+      if (t.wait == Wait::kDone) continue;
+      ++live;
+      if (t.wait == Wait::kWarp) {
+        ++at;
+        if (!first) first = &t;
+      }
+    }
+    if (at == 0 || at < live) continue;
+    for (int i = lo; i < hi; ++i) {
+      const Thread& t = br.th[i];
+      if (t.wait == Wait::kDone) {
+        fail(br, "thread " + std::to_string(i) + " exited while its warp waits at " + site(*first),
+             first->fn);
+      }
+      if (t.op != first->op || t.line != first->line || strcmp(t.file, first->file) != 0) {
+        fail(br, "warp divergence: thread " + std::to_string(first->linear) + " waits at " +
+                     site(*first) + ", thread " + std::to_string(i) + " at " + site(t),
+             first->fn);
+      }
+      // CUDA's shuffles and __syncwarp here name the full warp (HIP's take no mask).
+      if (ws == 32 && t.mask != 0xffffffffu) {
+        fail(br, "warp operation at " + site(t) + " with a partial mask", t.fn);
+      }
+    }
+    if (first->op == WarpOp::kShuffle) {
+      for (int i = lo; i < hi; ++i) {
+        Thread& t = br.th[i];
+        const int src = (i - lo) ^ t.xlane;
+        t.xout = src < hi - lo ? br.th[lo + src].xin : t.xin;
+      }
+    }
+    for (int i = lo; i < hi; ++i) {
+      br.th[i].wait = Wait::kRun;
+      ready.push_back(i);
+    }
+    progress = true;
+  }
+  return progress;
+}
+
+// Releases a __syncthreads that every live thread waits at; aborts on any divergence.
+void complete_barrier(BlockRun& br, std::vector<int>& ready) {
+  const Thread* first = nullptr;
+  for (const Thread& t : br.th) {
+    if (t.wait == Wait::kBlock) {
+      first = &t;
+      break;
+    }
+  }
+  for (const Thread& t : br.th) {
+    if (t.wait == Wait::kWarp) {
+      fail(br, "thread " + std::to_string(t.linear) + " waits at a warp operation at " + site(t) +
+                   " that its warp never completes" +
+                   (first ? ", while thread " + std::to_string(first->linear) +
+                                " waits at __syncthreads at " + site(*first)
+                          : std::string()),
+           t.fn);
+    }
+  }
+  for (const Thread& t : br.th) {
+    if (t.wait == Wait::kDone) {
+      fail(br, "thread " + std::to_string(t.linear) + " exited while thread " +
+                   std::to_string(first->linear) + " waits at __syncthreads at " + site(*first),
+           first->fn);
+    }
+    if (t.line != first->line || strcmp(t.file, first->file) != 0) {
+      fail(br, "barrier divergence: thread " + std::to_string(first->linear) +
+                   " waits at __syncthreads at " + site(*first) + ", thread " +
+                   std::to_string(t.linear) + " at " + site(t),
+           first->fn);
+    }
+  }
+  for (Thread& t : br.th) {
+    t.wait = Wait::kRun;
+    ready.push_back(t.linear);
+  }
+}
+
+void run_block(BlockRun& br, const std::function<void()>& body, std::mt19937_64& rng) {
+  const LaunchConfig& c = *br.cfg;
+  const int n = static_cast<int>(c.block.x * c.block.y * c.block.z);
+  br.th.resize(n);
+  br.scratch.assign(static_cast<size_t>((n + c.warp_size - 1) / c.warp_size) * 256, 0.f);
+  for (int i = 0; i < n; ++i) {
+    Thread& t = br.th[i];
+    t.linear = i;
+    t.b.thread_idx = {i % c.block.x, (i / c.block.x) % c.block.y, i / (c.block.x * c.block.y)};
+    t.b.block_idx = br.block;
+    t.b.block_dim = c.block;
+    t.b.grid_dim = c.grid;
+    t.fib = ctx::fiber(std::allocator_arg, PooledStack(), [&t, &body](ctx::fiber&& back) {
+      t.back = std::move(back);
+      body();
+      t.wait = Wait::kDone;
+      return std::move(t.back);
+    });
+  }
+  std::vector<int> ready(n);
+  for (int i = 0; i < n; ++i) ready[i] = i;
+  t_block = &br;
+  for (;;) {
+    while (!ready.empty()) {
+      const size_t k = rng() % ready.size();
+      Thread& t = br.th[ready[k]];
+      ready[k] = ready.back();
+      ready.pop_back();
+      t_cur = &t;
+      t.fib = std::move(t.fib).resume();
+      t_cur = nullptr;
+    }
+    bool all_done = true;
+    for (const Thread& t : br.th) all_done = all_done && t.wait == Wait::kDone;
+    if (all_done) break;
+    if (!complete_warps(br, ready)) complete_barrier(br, ready);
+  }
+  t_block = nullptr;
+}
+
+}  // namespace
+
+const Builtins& builtins() { return cur().b; }
+
+void sync_block(const char* file, int line, const char* fn) {
+  Thread& t = cur();
+  t.wait = Wait::kBlock;
+  t.file = file;
+  t.line = line;
+  t.fn = fn;
+  suspend(t);
+}
+
+void sync_warp(unsigned mask, const char* file, int line, const char* fn) {
+  Thread& t = cur();
+  t.wait = Wait::kWarp;
+  t.op = WarpOp::kSync;
+  t.mask = mask;
+  t.file = file;
+  t.line = line;
+  t.fn = fn;
+  suspend(t);
+}
+
+uint64_t shfl_xor_bits(uint64_t bits, int lane_mask, unsigned mask, const char* file, int line,
+                       const char* fn) {
+  Thread& t = cur();
+  t.wait = Wait::kWarp;
+  t.op = WarpOp::kShuffle;
+  t.mask = mask;
+  t.xin = bits;
+  t.xlane = lane_mask;
+  t.file = file;
+  t.line = line;
+  t.fn = fn;
+  suspend(t);
+  return t.xout;
+}
+
+int warp_size() { return t_block ? t_block->cfg->warp_size : 32; }
+
+int lane_id() { return cur().linear % t_block->cfg->warp_size; }
+
+float* warp_scratch() {
+  const int w = cur().linear / t_block->cfg->warp_size;
+  return t_block->scratch.data() + static_cast<size_t>(w) * 256;
+}
+
+char* dynamic_smem() {
+  cur();
+  return t_block->smem;
+}
+
+void async_copy(void* dst, const void* src, size_t bytes) {
+  cur().open.push_back({dst, src, bytes});
+}
+
+void async_commit() {
+  Thread& t = cur();
+  t.groups.push_back(std::move(t.open));
+  t.open.clear();
+}
+
+void async_wait_prior(int pending) {
+  Thread& t = cur();
+  while (static_cast<int>(t.groups.size()) > pending) {
+    for (const Copy& cp : t.groups.front()) memcpy(cp.dst, cp.src, cp.bytes);
+    t.groups.pop_front();
+  }
+}
+
+cudaError_t run_grid(const LaunchConfig& c, const std::function<void()>& body) {
+  const uint64_t threads = uint64_t{c.block.x} * c.block.y * c.block.z;
+  if (threads == 0 || threads > 1024 || c.grid.x == 0 || c.grid.y == 0 || c.grid.z == 0 ||
+      c.grid.y > 65535 || c.grid.z > 65535) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const uint64_t seed = base_seed() ^ (0x9e3779b97f4a7c15ull * (1 + g_launches.fetch_add(1)));
+  std::mt19937_64 rng(seed);
+  std::vector<uint3> blocks;
+  blocks.reserve(uint64_t{c.grid.x} * c.grid.y * c.grid.z);
+  for (unsigned z = 0; z < c.grid.z; ++z)
+    for (unsigned y = 0; y < c.grid.y; ++y)
+      for (unsigned x = 0; x < c.grid.x; ++x) blocks.push_back({x, y, z});
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  for (const uint3& b : blocks) {
+    BlockRun br;
+    br.cfg = &c;
+    br.block = b;
+    br.seed = seed;
+    // Exactly the launch's bytes (16-byte aligned, as the vector accesses need), so ASan
+    // reports any access past them.
+    std::unique_ptr<char[]> smem(new char[c.smem]);
+    br.smem = smem.get();
+    run_block(br, body, rng);
+  }
+  return cudaSuccess;
+}
+
+}  // namespace pa_sim

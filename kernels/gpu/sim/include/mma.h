@@ -1,0 +1,3 @@
+// mma.h (gpusim) — nvcuda::wmma as warp-collective whole tiles (wmma.h).
+#pragma once
+#include "../wmma.h"

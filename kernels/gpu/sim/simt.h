@@ -1,0 +1,46 @@
+// simt.h — what an emulated GPU thread asks of the block runner (block.cpp): its built-in
+// indices, block barriers, warp-scoped rendezvous (shuffles, __syncwarp, WMMA), the block's
+// dynamic shared memory and deferred (cp.async) copies. Every call names its source line so a
+// divergence is reported where it happens.
+#ifndef PAGEDATTN_GPUSIM_SIMT_H
+#define PAGEDATTN_GPUSIM_SIMT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime.h"
+
+namespace pa_sim {
+
+struct Builtins {
+  uint3 thread_idx, block_idx;
+  dim3 block_dim, grid_dim;
+};
+// The running thread's indices (valid only inside a kernel).
+PA_SIM_API const Builtins& builtins();
+// __syncthreads: every live thread of the block waits here (the same barrier, none exited).
+PA_SIM_API void sync_block(const char* file, int line, const char* fn);
+// __syncwarp and warp-collective operations: every lane of the warp waits at this one site.
+PA_SIM_API void sync_warp(unsigned mask, const char* file, int line, const char* fn);
+// Full-warp xor shuffle of 8 bytes: returns the bits that lane ^ lane_mask passed.
+PA_SIM_API uint64_t shfl_xor_bits(uint64_t bits, int lane_mask, unsigned mask, const char* file,
+                                  int line, const char* fn);
+// This thread's lane count per warp (32 or 64 by configuration), and its lane.
+PA_SIM_API int warp_size();
+PA_SIM_API int lane_id();
+// Scratch shared by the lanes of this thread's warp (one 16x16 float tile), for collectives
+// that split their work across the lanes.
+PA_SIM_API float* warp_scratch();
+// The block's dynamic shared memory: a heap buffer of exactly the launch's size.
+PA_SIM_API char* dynamic_smem();
+// cp.async: a copy that lands only at the wait that retires its group.
+PA_SIM_API void async_copy(void* dst, const void* src, size_t bytes);
+PA_SIM_API void async_commit();
+PA_SIM_API void async_wait_prior(int pending);
+
+// Runs every block of the grid (in a seeded random order) to completion.
+cudaError_t run_grid(const LaunchConfig& c, const std::function<void()>& body);
+
+}  // namespace pa_sim
+
+#endif  // PAGEDATTN_GPUSIM_SIMT_H
