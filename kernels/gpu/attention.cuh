@@ -70,7 +70,7 @@ __device__ __forceinline__ void copy_unit(char* dst, const char* src, int vec) {
 
 // Global -> shared copies that do not wait for the data: on CUDA (cp.async, sm_80+) the next
 // K/V chunk streams in while the current one is computed on; elsewhere a plain copy.
-#if defined(PA_CUDA)
+#if defined(PA_HAS_CP_ASYNC)
 constexpr int kStages = 2;
 __device__ __forceinline__ void copy_unit_async(char* dst, const char* src, int vec) {
   switch (vec) {
@@ -102,7 +102,7 @@ struct AttnLayout {
   // accesses land in distinct bank groups.
   static constexpr int kRowBytes = ((DMAX * kES + 15) / 16) * 16 + 16;
   static constexpr int kQRow = ((DMAX + 15) / 16) * 16;  // floats per staged query row
-#if defined(PA_HIP)
+#if defined(PA_LDS_64K)
   // 64 KiB of LDS per workgroup on AMD: shorter chunks for the widest rows.
   static constexpr int kChunk = (DMAX * kES <= 256) ? 64 : (DMAX * kES <= 512 ? 32 : 16);
 #else
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
 }
 
 
-#if defined(PA_CUDA)
+#if defined(PA_HAS_WMMA)
 // ---------------------------------------------------------------------------------------------
 // Prefill on tensor cores (sm_80+, WMMA 16x16x16): the same tiles and online softmax as above,
 // with S = Q.K^T and O += P.V as bf16/f16 matrix products accumulating in float32. Q, K, V and P
@@ -552,11 +552,11 @@ gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStrea
   PA_LAUNCH(kernel, grid, L::kNT, L::kBytes, stream)(p);
   return gpuGetLastError();
 }
-#endif  // PA_CUDA
+#endif  // PA_HAS_WMMA
 
 template <typename T, typename KT, int DMAX, bool DECODE>
 gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
-#if defined(PA_CUDA)
+#if defined(PA_HAS_WMMA)
   // Prefill tiles of 16-bit queries go to the tensor cores.
   if constexpr (!DECODE && sizeof(T) == 2) {
     return launch_attention_mma<T, KT, DMAX>(max_items, p, stream);
@@ -566,7 +566,7 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
   constexpr int NT = DECODE ? 128 : 256;
   constexpr int CHUNK = AttnLayout<KT, DMAX>::kChunk;
   constexpr size_t smem = attn_smem_bytes<R, NT, CHUNK, KT, DMAX>();
-#if defined(PA_HIP)
+#if defined(PA_LDS_64K)
   static_assert(smem <= 64 * 1024, "tile exceeds the 64 KiB LDS of AMD GPUs");
 #else
   static_assert(smem <= 163 * 1024, "tile exceeds the shared memory of sm_80");

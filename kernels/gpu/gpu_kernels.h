@@ -69,7 +69,7 @@ struct AttnParams {
 
 // Rows per CTA: decode tiles (one token, up to 8 query heads of a group) and prefill tiles.
 constexpr int kDecodeRows = 8;
-#if defined(PA_HIP)
+#if defined(PA_LDS_64K)
 constexpr int kPrefillRows = 16;  // AMD GPUs have 64 KiB of LDS per workgroup
 #else
 constexpr int kPrefillRows = 64;

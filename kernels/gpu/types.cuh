@@ -102,8 +102,8 @@ template <> struct is_fp8<e5m2_t> { static constexpr bool value = true; };
 // Whether load_floats converts T through the cvt instruction in this compilation pass.
 template <typename T>
 constexpr bool fp8_cvt_path() {
-#if defined(PA_CUDA) && ((defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890) || defined(PA_SIM))
-  return std::is_same<T, e4m3_t>::value;  // (the emulator models sm_90)
+#if defined(PA_HAS_FP8_CVT)
+  return std::is_same<T, e4m3_t>::value;
 #else
   return false;
 #endif
@@ -125,7 +125,7 @@ __device__ __forceinline__ void load_floats(const T* p, float* out) {
       out[i + 1] = f.y;
     }
   } else if constexpr (fp8_cvt_path<T>() && N % 2 == 0) {
-#if defined(PA_CUDA)
+#if defined(PA_HAS_FP8_CVT)
 #pragma unroll
     for (int i = 0; i < N; i += 2) {
       const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(

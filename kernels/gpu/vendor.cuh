@@ -3,7 +3,16 @@
 #ifndef PAGEDATTN_GPU_VENDOR_CUH
 #define PAGEDATTN_GPU_VENDOR_CUH
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__) || defined(__HIPCC__)
+// The kernels choose code paths by feature, not by vendor, so each emulated configuration
+// (sim/, PA_SIM) runs exactly the path of the hardware it stands for:
+//   PA_HAS_CP_ASYNC  cp.async pipelines (CUDA sm_80+)
+//   PA_HAS_WMMA      WMMA tensor-core tiles (CUDA sm_80+)
+//   PA_HAS_FP8_CVT   the fp8 -> half conversion instruction (CUDA sm_89+, per device pass)
+//   PA_LDS_64K       64 KiB of shared memory (LDS) per block: smaller tiles (AMD)
+// and PA_WARP_SIZE. The emulator's HIP configuration (PA_SIM_HIP) keeps the emulator's runtime
+// (CUDA's names) with the features and wave size of an AMD GPU.
+#if !defined(PA_SIM) && \
+    (defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__) || defined(__HIPCC__))
 #define PA_HIP 1
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
@@ -48,8 +57,9 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define PA_SHFL_XOR(v, m) __shfl_xor((v), (m))
 // A wavefront runs in lockstep; the barrier only keeps the compiler from reordering across it.
 #define PA_SYNCWARP() __builtin_amdgcn_wave_barrier()
+#define PA_LDS_64K 1
 
-#else  // CUDA
+#else  // CUDA, or the emulator (PA_SIM: the host compiler against sim/include)
 #define PA_CUDA 1
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -79,6 +89,16 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuMemGetInfo cudaMemGetInfo
 #define gpuFuncSetMaxDynamicSmem(f, n) \
   cudaFuncSetAttribute((f), cudaFuncAttributeMaxDynamicSharedMemorySize, (n))
+#if defined(PA_SIM) && defined(PA_SIM_HIP)
+// The emulator as an AMD GPU (CDNA): wave 64, 64 KiB of LDS, none of CUDA's features.
+#define PA_RUNTIME_NAME "hip"
+#define PA_DEVICE_TYPE PAGEDATTN_DEVICE_ROCM
+#define PA_HOST_DEVICE_TYPE PAGEDATTN_DEVICE_ROCM_HOST
+#define PA_WARP_SIZE 64
+#define PA_SHFL_XOR(v, m) __shfl_xor((v), (m))
+#define PA_SYNCWARP() __builtin_amdgcn_wave_barrier()
+#define PA_LDS_64K 1
+#else
 #define PA_RUNTIME_NAME "cuda"
 #define PA_DEVICE_TYPE PAGEDATTN_DEVICE_CUDA
 #define PA_HOST_DEVICE_TYPE PAGEDATTN_DEVICE_CUDA_HOST
@@ -87,6 +107,13 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define PA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m))
 // Orders shared-memory accesses between the lanes of a warp (independent thread scheduling).
 #define PA_SYNCWARP() __syncwarp()
+#define PA_HAS_CP_ASYNC 1
+#define PA_HAS_WMMA 1
+// The emulator stands for sm_90.
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890) || defined(PA_SIM)
+#define PA_HAS_FP8_CVT 1
+#endif
+#endif
 #endif
 
 // Kernel launches and dynamic shared memory go through these two macros, so the emulator
