@@ -74,6 +74,12 @@ uint64_t base_seed() {
 }
 std::atomic<uint64_t> g_launches{0};
 
+// Whether two threads wait at one source line (string literals of one file usually share a
+// pointer; compare the text only when they do not).
+bool same_site(const Thread& a, const Thread& b) {
+  return a.line == b.line && (a.file == b.file || strcmp(a.file, b.file) == 0);
+}
+
 std::string site(const Thread& t) {
   return std::string(t.file) + ":" + std::to_string(t.line);
 }
@@ -127,7 +133,7 @@ bool complete_warps(BlockRun& br, std::vector<int>& ready) {
         fail(br, "thread " + std::to_string(i) + " exited while its warp waits at " + site(*first),
              first->fn);
       }
-      if (t.op != first->op || t.line != first->line || strcmp(t.file, first->file) != 0) {
+      if (t.op != first->op || !same_site(t, *first)) {
         fail(br, "warp divergence: thread " + std::to_string(first->linear) + " waits at " +
                      site(*first) + ", thread " + std::to_string(i) + " at " + site(t),
              first->fn);
@@ -178,7 +184,7 @@ void complete_barrier(BlockRun& br, std::vector<int>& ready) {
                    std::to_string(first->linear) + " waits at __syncthreads at " + site(*first),
            first->fn);
     }
-    if (t.line != first->line || strcmp(t.file, first->file) != 0) {
+    if (!same_site(t, *first)) {
       fail(br, "barrier divergence: thread " + std::to_string(first->linear) +
                    " waits at __syncthreads at " + site(*first) + ", thread " +
                    std::to_string(t.linear) + " at " + site(t),
