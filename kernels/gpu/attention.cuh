@@ -554,14 +554,9 @@ gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStrea
 }
 #endif  // PA_HAS_WMMA
 
+// The scalar kernel (decode tiles; prefill tiles of f32 queries, and of every type without WMMA).
 template <typename T, typename KT, int DMAX, bool DECODE>
-gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
-#if defined(PA_HAS_WMMA)
-  // Prefill tiles of 16-bit queries go to the tensor cores.
-  if constexpr (!DECODE && sizeof(T) == 2) {
-    return launch_attention_mma<T, KT, DMAX>(max_items, p, stream);
-  }
-#endif
+gpuError_t launch_attention_scalar(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
   constexpr int R = DECODE ? kDecodeRows : kPrefillRows;
   constexpr int NT = DECODE ? 128 : 256;
   constexpr int CHUNK = AttnLayout<KT, DMAX>::kChunk;
@@ -581,6 +576,21 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_kv_heads * nhg));
   PA_LAUNCH(kernel, grid, NT, smem, stream)(p);
   return gpuGetLastError();
+}
+
+template <typename T, typename KT, int DMAX, bool DECODE>
+gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
+#if defined(PA_HAS_WMMA)
+  // Prefill tiles of 16-bit queries go to the tensor cores; the discarded branch keeps the scalar
+  // kernel of those tiles, which would never launch, out of the build.
+  if constexpr (!DECODE && sizeof(T) == 2) {
+    return launch_attention_mma<T, KT, DMAX>(max_items, p, stream);
+  } else {
+    return launch_attention_scalar<T, KT, DMAX, DECODE>(max_items, p, stream);
+  }
+#else
+  return launch_attention_scalar<T, KT, DMAX, DECODE>(max_items, p, stream);
+#endif
 }
 
 // The head sizes of instantiations.h: ascending, multiples of 8, the last PA_GPU_MAX_HEAD_SIZE.
