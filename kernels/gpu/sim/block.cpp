@@ -22,6 +22,19 @@
 #include "simt.h"
 #include "stack_pool.h"
 
+// AddressSanitizer must be told of every stack switch (Boost.Context 1.74's fcontext fibers do
+// not), or it reports the fibers' frames as overflows of the runner's stack.
+#if defined(__SANITIZE_ADDRESS__)
+#define PA_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PA_SIM_ASAN 1
+#endif
+#endif
+#if defined(PA_SIM_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace ctx = boost::context;
 
 namespace pa_sim {
@@ -39,6 +52,8 @@ struct Copy {
 struct Thread {
   ctx::fiber fib;   // the thread, while suspended
   ctx::fiber back;  // the runner, while the thread runs
+  void* stack = nullptr;  // the lowest byte of the fiber's stack (kStackBytes long)
+  void* fake = nullptr;   // ASan's fake-stack handle while the thread is switched out
   Builtins b{};
   int linear = 0;
   Wait wait = Wait::kRun;
@@ -64,6 +79,32 @@ struct BlockRun {
 
 thread_local Thread* t_cur = nullptr;
 thread_local BlockRun* t_block = nullptr;
+
+// The stack switches, annotated for AddressSanitizer: the runner into a thread (resume), a thread
+// back to the runner (suspend), and a thread's last switch (leave: its stack is done).
+#if defined(PA_SIM_ASAN)
+thread_local const void* t_host_bottom = nullptr;
+thread_local size_t t_host_size = 0;
+void asan_entered() { __sanitizer_finish_switch_fiber(nullptr, &t_host_bottom, &t_host_size); }
+void resume(Thread& t) {
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, t.stack, kStackBytes);
+  t.fib = std::move(t.fib).resume();
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+}
+void suspend(Thread& t) {
+  __sanitizer_start_switch_fiber(&t.fake, t_host_bottom, t_host_size);
+  t.back = std::move(t.back).resume();
+  __sanitizer_finish_switch_fiber(t.fake, &t_host_bottom, &t_host_size);
+}
+void asan_leaving() { __sanitizer_start_switch_fiber(nullptr, t_host_bottom, t_host_size); }
+#else
+void asan_entered() {}
+void resume(Thread& t) { t.fib = std::move(t.fib).resume(); }
+// Hands control back to the runner until this thread is resumed.
+void suspend(Thread& t) { t.back = std::move(t.back).resume(); }
+void asan_leaving() {}
+#endif
 
 uint64_t base_seed() {
   static const uint64_t s = [] {
@@ -104,9 +145,6 @@ Thread& cur() {
   }
   return *t_cur;
 }
-
-// Hands control back to the runner until this thread is resumed.
-void suspend(Thread& t) { t.back = std::move(t.back).resume(); }
 
 // Completes the warp operations whose every live lane has arrived; true if any completed.
 bool complete_warps(BlockRun& br, std::vector<int>& ready) {
@@ -209,12 +247,15 @@ void run_block(BlockRun& br, const std::function<void()>& body, std::mt19937_64&
     t.b.block_idx = br.block;
     t.b.block_dim = c.block;
     t.b.grid_dim = c.grid;
-    t.fib = ctx::fiber(std::allocator_arg, PooledStack(), [&t, &body](ctx::fiber&& back) {
-      t.back = std::move(back);
-      body();
-      t.wait = Wait::kDone;
-      return std::move(t.back);
-    });
+    t.fib = ctx::fiber(std::allocator_arg, PooledStack{&t.stack},
+                       [&t, &body](ctx::fiber&& back) {
+                         asan_entered();
+                         t.back = std::move(back);
+                         body();
+                         t.wait = Wait::kDone;
+                         asan_leaving();
+                         return std::move(t.back);
+                       });
   }
   std::vector<int> ready(n);
   for (int i = 0; i < n; ++i) ready[i] = i;
@@ -226,7 +267,7 @@ void run_block(BlockRun& br, const std::function<void()>& body, std::mt19937_64&
       ready[k] = ready.back();
       ready.pop_back();
       t_cur = &t;
-      t.fib = std::move(t.fib).resume();
+      resume(t);
       t_cur = nullptr;
     }
     bool all_done = true;
