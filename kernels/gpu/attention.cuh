@@ -9,6 +9,8 @@
 
 #include <math.h>
 
+#include <algorithm>
+
 #include <atomic>
 
 #include "gpu_kernels.h"
@@ -554,13 +556,22 @@ gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStrea
 }
 #endif  // PA_HAS_WMMA
 
+// The scalar kernel's tile: rows, threads, chunk and dynamic shared memory.
+template <typename KT, int DMAX, bool DECODE>
+struct ScalarTile {
+  static constexpr int kR = DECODE ? kDecodeRows : kPrefillRows;
+  static constexpr int kNT = DECODE ? 128 : 256;
+  static constexpr int kChunk = AttnLayout<KT, DMAX>::kChunk;
+  static constexpr size_t kBytes = attn_smem_bytes<kR, kNT, kChunk, KT, DMAX>();
+};
+
 // The scalar kernel (decode tiles; prefill tiles of f32 queries, and of every type without WMMA).
 template <typename T, typename KT, int DMAX, bool DECODE>
 gpuError_t launch_attention_scalar(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
-  constexpr int R = DECODE ? kDecodeRows : kPrefillRows;
-  constexpr int NT = DECODE ? 128 : 256;
-  constexpr int CHUNK = AttnLayout<KT, DMAX>::kChunk;
-  constexpr size_t smem = attn_smem_bytes<R, NT, CHUNK, KT, DMAX>();
+  using Tile = ScalarTile<KT, DMAX, DECODE>;
+  constexpr int R = Tile::kR;
+  constexpr int NT = Tile::kNT;
+  constexpr size_t smem = Tile::kBytes;
 #if defined(PA_LDS_64K)
   static_assert(smem <= 64 * 1024, "tile exceeds the 64 KiB LDS of AMD GPUs");
 #else
@@ -591,6 +602,29 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
 #else
   return launch_attention_scalar<T, KT, DMAX, DECODE>(max_items, p, stream);
 #endif
+}
+
+// The dynamic shared memory of the tile launch_attention_one<T, KT, DMAX, DECODE> launches.
+template <typename T, typename KT, int DMAX, bool DECODE>
+constexpr size_t attention_tile_bytes() {
+#if defined(PA_HAS_WMMA)
+  if constexpr (!DECODE && sizeof(T) == 2) return MmaLayout<DMAX>::kBytes;
+#endif
+  return ScalarTile<KT, DMAX, DECODE>::kBytes;
+}
+
+// The most dynamic shared memory any attention tile of queries T asks for.
+template <typename T>
+size_t attention_smem_need_t() {
+  size_t need = 0;
+#define PA_NEED_HEAD(DM, KT)                                                         \
+  need = std::max(need, std::max(attention_tile_bytes<T, KT, DM, true>(),           \
+                                 attention_tile_bytes<T, KT, DM, false>()));
+#define PA_NEED_CACHE(CODE, KT, ...) PA_GPU_HEAD_SIZES(PA_NEED_HEAD, KT)
+  PA_GPU_CACHE_DTYPES(PA_NEED_CACHE, 0, T, )
+#undef PA_NEED_CACHE
+#undef PA_NEED_HEAD
+  return need;
 }
 
 // The head sizes of instantiations.h: ascending, multiples of 8, the last PA_GPU_MAX_HEAD_SIZE.
@@ -640,6 +674,7 @@ gpuError_t launch_attention_t(int32_t qt, int32_t kt, bool decode, int32_t max_i
   namespace pagedattn_gpu {                                                                 \
   template gpuError_t launch_attention_t<T>(int32_t, int32_t, bool, int32_t, const AttnParams&, \
                                             gpuStream_t, int*);                             \
+  template size_t attention_smem_need_t<T>();                                               \
   }
 
 }  // namespace pagedattn_gpu

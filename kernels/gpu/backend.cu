@@ -48,11 +48,7 @@ namespace {
 pagedattn_status dev_error(gpuError_t e, const char* what, char* msg) {
   (void)gpuGetLastError();
   set_msg(msg, "%s: %s (%d)", what, gpuGetErrorString(e), static_cast<int>(e));
-#if defined(PA_HIP)
-  if (e == hipErrorOutOfMemory) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
-#else
-  if (e == cudaErrorMemoryAllocation) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
-#endif
+  if (e == gpuErrorMemoryAllocation) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
   return PAGEDATTN_ERROR_DEVICE;
 }
 
@@ -124,6 +120,17 @@ int widest_vec(std::initializer_list<uint64_t> quantities) {
 // ---------------------------------------------------------------------------------------------
 // Lifecycle
 
+// The device's architecture as capabilities.target names it: sm_XY, or gfxNNN (the part of
+// gcnArchName "gfx942:sramecc+:xnack-" before the feature flags).
+std::string device_target(const gpuDeviceProp& prop) {
+#if defined(PA_TARGET_GFX)
+  const std::string arch(prop.gcnArchName);
+  return arch.substr(0, arch.find(':'));
+#else
+  return "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+#endif
+}
+
 pagedattn_status probe(int32_t device_index, char* msg) {
   int n = 0;
   gpuError_t e = gpuGetDeviceCount(&n);
@@ -145,13 +152,37 @@ pagedattn_status probe(int32_t device_index, char* msg) {
             gpuGetErrorString(e), static_cast<int>(e));
     return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
   }
-#if !defined(PA_HIP)
+#if !defined(PA_TARGET_GFX)
   if (prop.major < 8) {
     set_msg(msg, "device %d (%s) has compute capability %d.%d; the plugin is built for 8.0+",
             device_index, prop.name, prop.major, prop.minor);
     return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
   }
 #endif
+  // A device the plugin carries no code object for would fail every launch: the runtime says
+  // so when asked for a kernel's attributes.
+  {
+    DeviceGuard g(device_index);
+    gpuFuncAttributes attr;
+    e = kernel_attributes(&attr);
+    if (e != gpuSuccess) {
+      (void)gpuGetLastError();
+      set_msg(msg, "device %d (%s, %s) cannot run this plugin's kernels: %s (%d); the plugin "
+              "carries code for %s",
+              device_index, prop.name, device_target(prop).c_str(), gpuGetErrorString(e),
+              static_cast<int>(e), PA_GPU_CODE_OBJECTS);
+      return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+    }
+  }
+  // Nor may the largest attention tile ask for more shared memory than a block can have.
+  const size_t need = pagedattn_gpu::attention_smem_need();
+  if (PA_SMEM_PER_BLOCK(prop) < need) {
+    set_msg(msg, "device %d (%s, %s) gives a block at most %zu bytes of shared memory; this "
+            "plugin's attention tiles need up to %zu",
+            device_index, prop.name, device_target(prop).c_str(),
+            static_cast<size_t>(PA_SMEM_PER_BLOCK(prop)), need);
+    return PAGEDATTN_ERROR_BACKEND_UNAVAILABLE;
+  }
   return PAGEDATTN_OK;
 }
 
@@ -174,16 +205,13 @@ pagedattn_status create(void** out, const pagedattn_backend_options* opts, char*
   s->sm_count = std::max(1, prop.multiProcessorCount);
   s->total_memory = prop.totalGlobalMem;
   try {
-#if defined(PA_HIP)
-    // "gfx942:sramecc+:xnack-": the architecture is the part before the feature flags.
-    s->target = std::string(prop.gcnArchName).substr(0, std::string(prop.gcnArchName).find(':'));
-#else
-    s->target = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
-#endif
+    s->target = device_target(prop);
     char line[512];
-    snprintf(line, sizeof line, "device %d: %s (%s), %d multiprocessors, %.1f GiB", s->device,
+    snprintf(line, sizeof line,
+             "device %d: %s (%s), %d multiprocessors, %.1f GiB; code objects %s", s->device,
              prop.name, s->target.c_str(), s->sm_count,
-             static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+             static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0),
+             PA_GPU_CODE_OBJECTS);
     s->settings = line;
   } catch (...) {
     delete s;

@@ -1,6 +1,8 @@
 // cache_ops.cu — cache write (reshape-and-cache), block copies, split-KV merge and merge_states.
 #include <math.h>
 
+#include <algorithm>
+
 #include "gpu_kernels.h"
 #include "instantiations.h"
 #include "types.cuh"
@@ -142,6 +144,10 @@ __global__ void copy_blocks_kernel(const CopyParams p) {
   }
 }
 
+gpuError_t kernel_attributes(gpuFuncAttributes* attr) {
+  return gpuFuncGetAttributes(attr, copy_blocks_kernel);
+}
+
 gpuError_t launch_copy_blocks(const CopyParams& p, gpuStream_t stream) {
   if (p.num_pairs <= 0) return gpuSuccess;
   dim3 grid(static_cast<unsigned>(p.num_pairs), static_cast<unsigned>(p.num_layers), 2);
@@ -253,6 +259,14 @@ gpuError_t launch_attention(int32_t qt, int32_t kt, bool decode, int32_t max_ite
 #undef PA_ATTN_DTYPE
     default: *unsupported = 1; return gpuSuccess;
   }
+}
+
+size_t attention_smem_need() {
+  size_t need = 0;
+#define PA_NEED_DTYPE(CODE, T, ...) need = std::max(need, attention_smem_need_t<T>());
+  PA_GPU_DTYPES(PA_NEED_DTYPE, )
+#undef PA_NEED_DTYPE
+  return need;
 }
 
 }  // namespace pagedattn_gpu

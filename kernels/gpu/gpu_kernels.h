@@ -86,6 +86,16 @@ template <typename T>
 gpuError_t launch_attention_t(int32_t qt, int32_t kt, bool decode, int32_t max_items,
                               const AttnParams& p, gpuStream_t stream, int* unsupported);
 
+// The attributes of one of the plugin's kernels on the current device: an error when the plugin
+// carries no code object the device can run.
+gpuError_t kernel_attributes(gpuFuncAttributes* attr);
+
+// The most dynamic shared memory per block any attention launch asks for (the plugin refuses a
+// device that cannot give it), and the same for queries of device type T (attention.cuh).
+size_t attention_smem_need();
+template <typename T>
+size_t attention_smem_need_t();
+
 struct SplitMergeParams {
   const MergeItem* items;
   const int32_t* num_items;

@@ -3,17 +3,21 @@
 #ifndef PAGEDATTN_GPU_VENDOR_CUH
 #define PAGEDATTN_GPU_VENDOR_CUH
 
+#include "gpu_config.h"  // PA_*_CODE_OBJECTS: what each plugin build carries (meson)
+
 // The kernels choose code paths by feature, not by vendor, so each emulated configuration
 // (sim/, PA_SIM) runs exactly the path of the hardware it stands for:
 //   PA_HAS_CP_ASYNC  cp.async pipelines (CUDA sm_80+)
 //   PA_HAS_WMMA      WMMA tensor-core tiles (CUDA sm_80+)
 //   PA_HAS_FP8_CVT   the fp8 -> half conversion instruction (CUDA sm_89+, per device pass)
 //   PA_LDS_64K       64 KiB of shared memory (LDS) per block: smaller tiles (AMD)
+//   PA_TARGET_GFX    devices named by gcnArchName (gfxNNN), not by compute capability (AMD)
 // and PA_WARP_SIZE. The emulator's HIP configuration (PA_SIM_HIP) keeps the emulator's runtime
 // (CUDA's names) with the features and wave size of an AMD GPU.
 #if !defined(PA_SIM) && \
     (defined(__HIP_PLATFORM_AMD__) || defined(__HIP_PLATFORM_HCC__) || defined(__HIPCC__))
 #define PA_HIP 1
+#define PA_GPU_CODE_OBJECTS PA_HIP_CODE_OBJECTS
 #include <hip/hip_runtime.h>
 #include <hip/hip_fp16.h>
 
@@ -42,6 +46,12 @@ typedef hipDeviceProp_t gpuDeviceProp;
 #define gpuMemGetInfo hipMemGetInfo
 #define gpuFuncSetMaxDynamicSmem(f, n) \
   hipFuncSetAttribute(reinterpret_cast<const void*>(f), hipFuncAttributeMaxDynamicSharedMemorySize, (n))
+typedef hipFuncAttributes gpuFuncAttributes;
+#define gpuFuncGetAttributes(a, f) hipFuncGetAttributes((a), reinterpret_cast<const void*>(f))
+#define gpuErrorMemoryAllocation hipErrorOutOfMemory
+// AMD GPUs have no opt-in beyond the LDS a workgroup may use.
+#define PA_SMEM_PER_BLOCK(prop) ((prop).sharedMemPerBlock)
+#define PA_TARGET_GFX 1  // devices are named by gcnArchName (gfxNNN), not compute capability
 #define PA_RUNTIME_NAME "hip"
 #define PA_DEVICE_TYPE PAGEDATTN_DEVICE_ROCM
 #define PA_HOST_DEVICE_TYPE PAGEDATTN_DEVICE_ROCM_HOST
@@ -61,6 +71,12 @@ typedef hipDeviceProp_t gpuDeviceProp;
 
 #else  // CUDA, or the emulator (PA_SIM: the host compiler against sim/include)
 #define PA_CUDA 1
+// Before the runtime header: the emulator's cudaFuncGetAttributes answers by this list.
+#if defined(PA_SIM_HIP)
+#define PA_GPU_CODE_OBJECTS PA_SIM_HIP_CODE_OBJECTS
+#else
+#define PA_GPU_CODE_OBJECTS PA_CUDA_CODE_OBJECTS
+#endif
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 
@@ -89,6 +105,10 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define gpuMemGetInfo cudaMemGetInfo
 #define gpuFuncSetMaxDynamicSmem(f, n) \
   cudaFuncSetAttribute((f), cudaFuncAttributeMaxDynamicSharedMemorySize, (n))
+typedef cudaFuncAttributes gpuFuncAttributes;
+#define gpuFuncGetAttributes(a, f) cudaFuncGetAttributes((a), (f))
+#define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
+#define PA_SMEM_PER_BLOCK(prop) ((prop).sharedMemPerBlockOptin)
 #if defined(PA_SIM) && defined(PA_SIM_HIP)
 // The emulator as an AMD GPU (CDNA): wave 64, 64 KiB of LDS, none of CUDA's features.
 #define PA_RUNTIME_NAME "hip"
@@ -98,6 +118,7 @@ typedef cudaDeviceProp gpuDeviceProp;
 #define PA_SHFL_XOR(v, m) __shfl_xor((v), (m))
 #define PA_SYNCWARP() __builtin_amdgcn_wave_barrier()
 #define PA_LDS_64K 1
+#define PA_TARGET_GFX 1
 #else
 #define PA_RUNTIME_NAME "cuda"
 #define PA_DEVICE_TYPE PAGEDATTN_DEVICE_CUDA

@@ -100,10 +100,9 @@ struct Launcher<void (*)(P...)> {
   LaunchConfig cfg;
   cudaStream_t stream;
   Launcher(void (*k)(P...), const char* name, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-           const char* file, int line, int warp, size_t smem_limit)
+           const char* file, int line, int warp)
       : kernel(k),
-        cfg{grid, block, smem, reinterpret_cast<const void*>(k), name, file, line, warp,
-            smem_limit},
+        cfg{grid, block, smem, reinterpret_cast<const void*>(k), name, file, line, warp},
         stream(s) {}
   template <typename... A>
   void operator()(A&&... a) const {
@@ -113,17 +112,11 @@ struct Launcher<void (*)(P...)> {
   }
 };
 
-// The configuration's opt-in shared memory per block (sm_90: 227 KiB; AMD: 64 KiB of LDS).
-#ifndef PA_SIM_SMEM_LIMIT
-#define PA_SIM_SMEM_LIMIT (227 * 1024)
-#endif
-
 template <typename... P>
 Launcher<void (*)(P...)> launcher(void (*k)(P...), const char* name, dim3 grid, dim3 block,
                                   size_t smem, cudaStream_t s, const char* file, int line,
                                   int warp) {
-  return Launcher<void (*)(P...)>(k, name, grid, block, smem, s, file, line, warp,
-                                  PA_SIM_SMEM_LIMIT);
+  return Launcher<void (*)(P...)>(k, name, grid, block, smem, s, file, line, warp);
 }
 
 }  // namespace pa_sim

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <string>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -30,11 +31,72 @@ struct GraphExec {
 
 namespace {
 
-// The virtual device: an H100-like sm_90 part with 132 multiprocessors and 227 KiB of opt-in
-// shared memory per block.
 constexpr size_t kDeviceBytes = size_t{16} << 30;
 constexpr size_t kSmemDefault = 48 * 1024;
-constexpr size_t kSmemOptin = 227 * 1024;
+
+// The virtual devices PAGEDATTN_GPUSIM_DEVICE declares (default sm_90): each with the properties
+// the plugin reads, so its refusals (compute capability, code objects, shared memory) can be tested.
+struct VirtualDevice {
+  const char* target;  // as PAGEDATTN_GPUSIM_DEVICE names it
+  const char* name;
+  const char* arch;    // gcnArchName ("" on NVIDIA)
+  int major, minor, sms, warp;
+  size_t smem_optin;   // opt-in shared memory per block (AMD: the 64 KiB of LDS)
+};
+constexpr VirtualDevice kDevices[] = {
+    {"sm_90", "pagedattn gpusim (emulated sm_90)", "", 9, 0, 132, 32, 227 * 1024},
+    {"sm_89", "pagedattn gpusim (emulated sm_89)", "", 8, 9, 128, 32, 99 * 1024},
+    {"sm_86", "pagedattn gpusim (emulated sm_86)", "", 8, 6, 84, 32, 99 * 1024},
+    {"sm_80", "pagedattn gpusim (emulated sm_80)", "", 8, 0, 108, 32, 163 * 1024},
+    {"sm_75", "pagedattn gpusim (emulated sm_75)", "", 7, 5, 40, 32, 64 * 1024},
+    {"gfx90a", "pagedattn gpusim (emulated gfx90a)", "gfx90a:sramecc+:xnack-", 9, 0, 104, 64,
+     64 * 1024},
+    {"gfx942", "pagedattn gpusim (emulated gfx942)", "gfx942:sramecc+:xnack-", 9, 4, 304, 64,
+     64 * 1024},
+    {"gfx1100", "pagedattn gpusim (emulated gfx1100)", "gfx1100", 11, 0, 48, 32, 64 * 1024},
+};
+
+// The declared device (read at every call, so a test may switch it between backends); nullptr
+// when PAGEDATTN_GPUSIM_DEVICE names none of the table.
+const VirtualDevice* device() {
+  const char* e = getenv("PAGEDATTN_GPUSIM_DEVICE");
+  if (!e || !*e) return &kDevices[0];
+  for (const VirtualDevice& d : kDevices)
+    if (strcmp(d.target, e) == 0) return &d;
+  return nullptr;
+}
+size_t smem_optin() {
+  const VirtualDevice* d = device();
+  return d ? d->smem_optin : 0;
+}
+
+// Whether code objects built for `built` (space-separated: sm_XY / sm_XYa machine code, compute_XY
+// PTX, gfxNNN) can run on device d, as the loaders decide: machine code runs on the same major
+// at an equal or newer minor ("a" targets only on their own), PTX on anything at least as new,
+// AMD code objects only on their exact architecture.
+bool serves(const char* built, const VirtualDevice& d) {
+  const int cc = d.major * 10 + d.minor;
+  const char* p = built;
+  while (*p) {
+    while (*p == ' ') ++p;
+    const char* end = p;
+    while (*end && *end != ' ') ++end;
+    const std::string t(p, end);
+    p = end;
+    if (t.empty()) continue;
+    if (*d.arch) {
+      const std::string base = std::string(d.arch).substr(0, std::string(d.arch).find(':'));
+      if (t == base) return true;
+    } else if (t.rfind("sm_", 0) == 0 && t.size() >= 5) {
+      const int v = std::stoi(t.substr(3, 2));
+      const bool arch_specific = t.size() > 5 && t[5] == 'a';
+      if (arch_specific ? v == cc : (v / 10 == d.major && v <= cc)) return true;
+    } else if (t.rfind("compute_", 0) == 0 && t.size() >= 10) {
+      if (std::stoi(t.substr(8, 2)) <= cc) return true;
+    }
+  }
+  return false;
+}
 
 std::mutex g_mu;
 std::map<const void*, size_t> g_allocs;       // device and pinned allocations
@@ -110,11 +172,23 @@ cudaError_t release(void* p) {
 
 cudaError_t func_set_attribute(const void* f, cudaFuncAttribute a, int value) {
   if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-      static_cast<size_t>(value) > kSmemOptin) {
+      static_cast<size_t>(value) > smem_optin()) {
     return note(cudaErrorInvalidValue);
   }
   std::lock_guard<std::mutex> lk(g_mu);
   g_smem_attr[f] = value;
+  return cudaSuccess;
+}
+
+cudaError_t func_get_attributes(cudaFuncAttributes* a, const void* f, const char* built) {
+  const VirtualDevice* d = device();
+  if (!d) return note(cudaErrorInvalidDevice);
+  if (!serves(built, *d)) return note(cudaErrorNoKernelImageForDevice);
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = g_smem_attr.find(f);
+  a->maxThreadsPerBlock = 1024;
+  a->maxDynamicSharedSizeBytes =
+      static_cast<int>(it != g_smem_attr.end() ? it->second : kSmemDefault);
   return cudaSuccess;
 }
 
@@ -126,7 +200,7 @@ cudaError_t submit(cudaStream_t s, const LaunchConfig& c, std::function<void()> 
     auto it = g_smem_attr.find(c.func);
     if (it != g_smem_attr.end()) allowed = std::max<size_t>(allowed, it->second);
   }
-  if (c.smem > allowed || c.smem > c.smem_limit) return note(cudaErrorInvalidValue);
+  if (c.smem > allowed || c.smem > smem_optin()) return note(cudaErrorInvalidValue);
   LaunchConfig cfg = c;
   return note(enqueue(s, [cfg, body = std::move(body)]() {
     const cudaError_t e = run_grid(cfg, body);
@@ -145,6 +219,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
@@ -174,17 +249,18 @@ cudaError_t cudaSetDevice(int d) {
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
-  if (d != 0) return note(cudaErrorInvalidDevice);
+  const pa_sim::VirtualDevice* v = pa_sim::device();
+  if (d != 0 || !v) return note(cudaErrorInvalidDevice);
   memset(p, 0, sizeof *p);
-  strcpy(p->name, "pagedattn gpusim (emulated sm_90)");
-  strcpy(p->gcnArchName, "gpusim");
-  p->major = 9;
-  p->minor = 0;
-  p->multiProcessorCount = 132;
+  strcpy(p->name, v->name);
+  strcpy(p->gcnArchName, v->arch);
+  p->major = v->major;
+  p->minor = v->minor;
+  p->multiProcessorCount = v->sms;
   p->totalGlobalMem = pa_sim::kDeviceBytes;
-  p->sharedMemPerBlock = pa_sim::kSmemDefault;
-  p->sharedMemPerBlockOptin = pa_sim::kSmemOptin;
-  p->warpSize = 32;
+  p->sharedMemPerBlock = *v->arch ? v->smem_optin : pa_sim::kSmemDefault;
+  p->sharedMemPerBlockOptin = v->smem_optin;
+  p->warpSize = v->warp;
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {

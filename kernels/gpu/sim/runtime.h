@@ -18,6 +18,7 @@ enum cudaError {
   cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInvalidDevice = 101,
+  cudaErrorNoKernelImageForDevice = 209,
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
@@ -38,6 +39,11 @@ enum cudaStreamCaptureMode {
   cudaStreamCaptureModeRelaxed = 2,
 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+// The fields of cudaFuncAttributes the plugin reads.
+struct cudaFuncAttributes {
+  int maxThreadsPerBlock;
+  int maxDynamicSharedSizeBytes;
+};
 #define cudaStreamDefault 0x0u
 #define cudaStreamNonBlocking 0x1u
 #define cudaHostAllocDefault 0x0u
@@ -106,6 +112,10 @@ PA_SIM_API cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
 namespace pa_sim {
 
 PA_SIM_API cudaError_t func_set_attribute(const void* f, cudaFuncAttribute a, int value);
+// A kernel's attributes, or cudaErrorNoKernelImageForDevice when the code objects `built` names
+// (space-separated sm_XY, sm_XYa, compute_XY, gfxNNN) cannot run on the declared device.
+PA_SIM_API cudaError_t func_get_attributes(cudaFuncAttributes* a, const void* f,
+                                           const char* built);
 
 // One kernel launch: the grid, the block, the dynamic shared memory, where it was launched,
 // and the kernel's body (called once per emulated thread, the arguments bound by value).
@@ -117,7 +127,6 @@ struct LaunchConfig {
   const char* file;
   int line;
   int warp_size;
-  size_t smem_limit;  // the configuration's opt-in limit per block
 };
 PA_SIM_API cudaError_t submit(cudaStream_t s, const LaunchConfig& c, std::function<void()> body);
 
@@ -127,5 +136,12 @@ template <typename F>
 inline cudaError_t cudaFuncSetAttribute(F* f, cudaFuncAttribute a, int value) {
   return pa_sim::func_set_attribute(reinterpret_cast<const void*>(f), a, value);
 }
+// The code objects a plugin build stands for come from its PA_GPU_CODE_OBJECTS (meson).
+#if defined(PA_GPU_CODE_OBJECTS)
+template <typename F>
+inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, F* f) {
+  return pa_sim::func_get_attributes(a, reinterpret_cast<const void*>(f), PA_GPU_CODE_OBJECTS);
+}
+#endif
 
 #endif  // PAGEDATTN_GPUSIM_RUNTIME_H
