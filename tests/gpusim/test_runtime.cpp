@@ -1,6 +1,7 @@
-// The emulator's own semantics, checked directly (kernels/gpu/sim): warp-scoped shuffles at warp
-// sizes 32 and 64, cp.async copies that land only at their wait, barrier divergence aborting
-// with its line, the shared-memory attribute rule, and stream-capture discipline.
+// The emulator's own semantics, checked directly (kernels/gpu/sim): warp-scoped shuffles and
+// gathers at warp sizes 32 and 64, cp.async copies that land only at their wait, barrier
+// divergence aborting with its line, the shared-memory attribute rule, and stream-capture
+// discipline.
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
@@ -37,6 +38,33 @@ TEST(GpuSim, ShufflesAreWarpScoped) {
       long expect = static_cast<long>(warp) * (warp - 1) / 2;
       for (int r = 1; r < t / warp + 1; ++r) expect *= warp;
       EXPECT_EQ(out[t], expect) << "warp " << warp << " thread " << t;
+    }
+    cudaFree(d);
+  }
+}
+
+// Each lane gathers its warp's values (lane * 3 + 1 and the warp, 8 bytes; odd lanes name none,
+// leaving their slot zero) at one site.
+__global__ void gather_lanes(long* out, int warp) {
+  const int lane = static_cast<int>(threadIdx.x) % warp;
+  const int mine[2] = {lane * 3 + 1, static_cast<int>(threadIdx.x) / warp};
+  int all[64][2];
+  pa_sim::warp_gather(mine, lane % 2 ? 0 : sizeof mine, all, sizeof all[0], 0xffffffffu, __FILE__,
+                      __LINE__, __PRETTY_FUNCTION__);
+  long sum = 0;
+  for (int l = 0; l < warp; ++l) sum += all[l][0] * 1000 + all[l][1];
+  out[threadIdx.x] = sum;
+}
+
+TEST(GpuSim, WarpGatherHandsEveryLaneAllSlots) {
+  for (int warp : {32, 64}) {
+    long* d = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d), 128 * sizeof(long)), cudaSuccess);
+    ASSERT_EQ(launch(gather_lanes, 1, 128, 0, nullptr, warp, d, warp), cudaSuccess);
+    for (int t = 0; t < 128; ++t) {
+      long expect = 0;
+      for (int l = 0; l < warp; l += 2) expect += (l * 3 + 1) * 1000L + t / warp;
+      EXPECT_EQ(d[t], expect) << "warp " << warp << " thread " << t;
     }
     cudaFree(d);
   }

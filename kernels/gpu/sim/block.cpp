@@ -1,9 +1,9 @@
 // block.cpp — the block runner: each thread of a block is a fiber (Boost.Context); a thread runs
 // until it reaches a barrier, a warp-collective operation or its end, and the seed picks which
 // ready thread runs next. When no thread can run, the runner completes what every participant
-// has reached (a warp's shuffle or __syncwarp, then the block's __syncthreads) and aborts with
-// the kernel and line on divergence: a thread that exited, or waits elsewhere, while others wait.
-// Blocks of a grid run one after another in a seeded random order.
+// has reached (a warp's shuffle, gather or __syncwarp, then the block's __syncthreads) and aborts
+// with the kernel and line on divergence: a thread that exited, or waits elsewhere, while others
+// wait. Blocks of a grid run one after another in a seeded random order.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +41,7 @@ namespace pa_sim {
 namespace {
 
 enum class Wait { kRun, kBlock, kWarp, kDone };
-enum class WarpOp { kSync, kShuffle };
+enum class WarpOp { kSync, kShuffle, kGather };
 
 struct Copy {
   void* dst;
@@ -64,6 +64,10 @@ struct Thread {
   unsigned mask = 0;
   uint64_t xin = 0, xout = 0;
   int xlane = 0;
+  const void* gsrc = nullptr;  // a gather's source, its size, destination and slot stride
+  size_t gbytes = 0;
+  void* gdst = nullptr;
+  size_t gstride = 0;
   std::vector<Copy> open;               // cp.async copies not yet committed
   std::deque<std::vector<Copy>> groups;  // committed groups, oldest first
 };
@@ -75,6 +79,7 @@ struct BlockRun {
   char* smem = nullptr;
   std::vector<Thread> th;
   std::vector<float> scratch;  // 256 floats per warp
+  std::vector<unsigned char> gathered;  // a gather's slots, staged before they are handed out
 };
 
 thread_local Thread* t_cur = nullptr;
@@ -180,6 +185,23 @@ bool complete_warps(BlockRun& br, std::vector<int>& ready) {
       if (ws == 32 && t.mask != 0xffffffffu) {
         fail(br, "warp operation at " + site(t) + " with a partial mask", t.fn);
       }
+    }
+    if (first->op == WarpOp::kGather) {
+      // Every source is read before any destination is written, so they may overlap.
+      const size_t stride = first->gstride;
+      br.gathered.assign(static_cast<size_t>(hi - lo) * stride, 0);
+      for (int i = lo; i < hi; ++i) {
+        const Thread& t = br.th[i];
+        if (t.gstride != stride || t.gbytes > stride) {
+          fail(br, "warp gather at " + site(t) + ": thread " + std::to_string(i) + " passes " +
+                       std::to_string(t.gbytes) + " bytes in slots of " +
+                       std::to_string(t.gstride) + ", thread " + std::to_string(first->linear) +
+                       " slots of " + std::to_string(stride),
+               t.fn);
+        }
+        if (t.gbytes) memcpy(&br.gathered[(i - lo) * stride], t.gsrc, t.gbytes);
+      }
+      for (int i = lo; i < hi; ++i) memcpy(br.th[i].gdst, br.gathered.data(), br.gathered.size());
     }
     if (first->op == WarpOp::kShuffle) {
       for (int i = lo; i < hi; ++i) {
@@ -317,6 +339,27 @@ uint64_t shfl_xor_bits(uint64_t bits, int lane_mask, unsigned mask, const char* 
   return t.xout;
 }
 
+void warp_gather(const void* src, size_t bytes, void* dst, size_t stride, unsigned mask,
+                 const char* file, int line, const char* fn) {
+  Thread& t = cur();
+  t.wait = Wait::kWarp;
+  t.op = WarpOp::kGather;
+  t.mask = mask;
+  t.gsrc = src;
+  t.gbytes = bytes;
+  t.gdst = dst;
+  t.gstride = stride;
+  t.file = file;
+  t.line = line;
+  t.fn = fn;
+  suspend(t);
+}
+
+void kernel_abort(const char* what, const char* file, int line, const char* fn) {
+  cur();
+  fail(*t_block, std::string(what) + " at " + file + ":" + std::to_string(line), fn);
+}
+
 int warp_size() { return t_block ? t_block->cfg->warp_size : 32; }
 
 int lane_id() { return cur().linear % t_block->cfg->warp_size; }
@@ -329,6 +372,11 @@ float* warp_scratch() {
 char* dynamic_smem() {
   cur();
   return t_block->smem;
+}
+
+size_t dynamic_smem_bytes() {
+  cur();
+  return t_block->cfg->smem;
 }
 
 void async_copy(void* dst, const void* src, size_t bytes) {

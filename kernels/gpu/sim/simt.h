@@ -1,5 +1,6 @@
 // simt.h — what an emulated GPU thread asks of the block runner (block.cpp): its built-in
-// indices, block barriers, warp-scoped rendezvous (shuffles, __syncwarp, WMMA), the block's
+// indices, block barriers, warp-scoped rendezvous (shuffles, __syncwarp, WMMA, the gathers of
+// mma.sync and ldmatrix), the block's
 // dynamic shared memory and deferred (cp.async) copies. Every call names its source line so a
 // divergence is reported where it happens.
 #ifndef PAGEDATTN_GPUSIM_SIMT_H
@@ -25,6 +26,16 @@ PA_SIM_API void sync_warp(unsigned mask, const char* file, int line, const char*
 // Full-warp xor shuffle of 8 bytes: returns the bits that lane ^ lane_mask passed.
 PA_SIM_API uint64_t shfl_xor_bits(uint64_t bits, int lane_mask, unsigned mask, const char* file,
                                   int line, const char* fn);
+// Warp all-gather: each lane names `bytes` (at most `stride`) at `src`; once every lane of the
+// warp waits at this one site, the runner reads every lane's bytes (then, while no lane runs, so
+// a source in shared memory is read as of that instant) and copies lane l's to dst + l * stride
+// of every lane (dst holds warp_size() * stride bytes; a lane naming 0 bytes leaves its slot
+// zero). `stride` must be the same on every lane.
+PA_SIM_API void warp_gather(const void* src, size_t bytes, void* dst, size_t stride,
+                            unsigned mask, const char* file, int line, const char* fn);
+// Aborts as a divergence does: the message, then the kernel, its block and the seed.
+[[noreturn]] PA_SIM_API void kernel_abort(const char* what, const char* file, int line,
+                                          const char* fn);
 // This thread's lane count per warp (32 or 64 by configuration), and its lane.
 PA_SIM_API int warp_size();
 PA_SIM_API int lane_id();
@@ -33,6 +44,7 @@ PA_SIM_API int lane_id();
 PA_SIM_API float* warp_scratch();
 // The block's dynamic shared memory: a heap buffer of exactly the launch's size.
 PA_SIM_API char* dynamic_smem();
+PA_SIM_API size_t dynamic_smem_bytes();
 // cp.async: a copy that lands only at the wait that retires its group.
 PA_SIM_API void async_copy(void* dst, const void* src, size_t bytes);
 PA_SIM_API void async_commit();
