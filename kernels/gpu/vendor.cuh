@@ -9,6 +9,7 @@
 // (sim/, PA_SIM) runs exactly the path of the hardware it stands for:
 //   PA_HAS_CP_ASYNC  cp.async pipelines (CUDA sm_80+)
 //   PA_HAS_WMMA      WMMA tensor-core tiles (CUDA sm_80+)
+//   PA_HAS_MMA_SYNC  mma.sync m16n8k16 and ldmatrix register fragments (CUDA sm_80+; mma.cuh)
 //   PA_HAS_FP8_CVT   the fp8 -> half conversion instruction (CUDA sm_89+, per device pass)
 //   PA_LDS_64K       64 KiB of shared memory (LDS) per block: smaller tiles (AMD)
 //   PA_TARGET_GFX    devices named by gcnArchName (gfxNNN), not by compute capability (AMD)
@@ -130,6 +131,7 @@ typedef cudaFuncAttributes gpuFuncAttributes;
 #define PA_SYNCWARP() __syncwarp()
 #define PA_HAS_CP_ASYNC 1
 #define PA_HAS_WMMA 1
+#define PA_HAS_MMA_SYNC 1
 // The emulator stands for sm_90.
 #if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890) || defined(PA_SIM)
 #define PA_HAS_FP8_CVT 1
