@@ -1,5 +1,7 @@
 // wmma.h — nvcuda::wmma 16x16x16 as warp-collective whole-tile operations: every call is a warp
-// rendezvous (all lanes, one site), then each lane's fragment holds the whole tile. The kernels
+// rendezvous (all lanes, one site), then each lane's fragment holds the whole tile. Loads and
+// stores end with a second rendezvous: the warp's access completes before any lane goes on, so
+// a lane's later writes cannot reach another lane's load of the same call. The kernels
 // use fragments only whole (load, fill, mma, store), never their per-lane elements, so the lane
 // layout of the hardware does not show; products accumulate in float32 in k order. A product's
 // rows are split across the lanes (one computation per warp, not one per lane).
@@ -43,24 +45,28 @@ inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major>& f, co
                              unsigned ld) {
   PA_WMMA_SYNC();
   load_frag(f, p, ld, false);
+  PA_WMMA_SYNC();
 }
 template <typename T>
 inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, col_major>& f, const T* p,
                              unsigned ld) {
   PA_WMMA_SYNC();
   load_frag(f, p, ld, true);
+  PA_WMMA_SYNC();
 }
 template <typename T>
 inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major>& f, const T* p,
                              unsigned ld) {
   PA_WMMA_SYNC();
   load_frag(f, p, ld, false);
+  PA_WMMA_SYNC();
 }
 template <typename T>
 inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major>& f, const T* p,
                              unsigned ld) {
   PA_WMMA_SYNC();
   load_frag(f, p, ld, true);
+  PA_WMMA_SYNC();
 }
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
                              unsigned ld, layout_t l) {
@@ -68,12 +74,14 @@ inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const 
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c)
       f.v[r * 16 + c] = l == mem_row_major ? p[r * ld + c] : p[c * ld + r];
+  PA_WMMA_SYNC();
 }
 inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f,
                               unsigned ld, layout_t l) {
   PA_WMMA_SYNC();
   for (int r = 0; r < 16; ++r)
     for (int c = 0; c < 16; ++c) (l == mem_row_major ? p[r * ld + c] : p[c * ld + r]) = f.v[r * 16 + c];
+  PA_WMMA_SYNC();
 }
 inline void fill_fragment(fragment<accumulator, 16, 16, 16, float>& f, float x) {
   PA_WMMA_SYNC();
