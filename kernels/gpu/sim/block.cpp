@@ -1,9 +1,10 @@
 // block.cpp — the block runner: each thread of a block is a fiber (Boost.Context); a thread runs
 // until it reaches a barrier, a warp-collective operation or its end, and the seed picks which
-// ready thread runs next. When no thread can run, the runner completes what every participant
-// has reached (a warp's shuffle, gather or __syncwarp, then the block's __syncthreads) and aborts
-// with the kernel and line on divergence: a thread that exited, or waits elsewhere, while others
-// wait. Blocks of a grid run one after another in a seeded random order.
+// ready thread runs next. A warp operation (shuffle, gather, __syncwarp) completes as soon as the
+// warp's last lane arrives, so warps run ahead of one another between barriers; the block's
+// __syncthreads completes when no thread can run. Divergence (a thread that exited, or waits
+// elsewhere, while others wait) aborts with the kernel and line. Blocks of a grid run one after
+// another in a seeded random order.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,13 +152,12 @@ Thread& cur() {
   return *t_cur;
 }
 
-// Completes the warp operations whose every live lane has arrived; true if any completed.
-bool complete_warps(BlockRun& br, std::vector<int>& ready) {
-  const int n = static_cast<int>(br.th.size());
+// Completes the warp operation of the warp whose first thread is `lo` if every live lane has
+// arrived at it; true if it completed.
+bool complete_warp(BlockRun& br, int lo, std::vector<int>& ready) {
   const int ws = br.cfg->warp_size;
-  bool progress = false;
-  for (int lo = 0; lo < n; lo += ws) {
-    const int hi = std::min(n, lo + ws);
+  const int hi = std::min(static_cast<int>(br.th.size()), lo + ws);
+  {
     int live = 0, at = 0;
     const Thread* first = nullptr;
     for (int i = lo; i < hi; ++i) {
@@ -169,7 +169,7 @@ bool complete_warps(BlockRun& br, std::vector<int>& ready) {
         if (!first) first = &t;
       }
     }
-    if (at == 0 || at < live) continue;
+    if (at == 0 || at < live) return false;
     for (int i = lo; i < hi; ++i) {
       const Thread& t = br.th[i];
       if (t.wait == Wait::kDone) {
@@ -214,8 +214,15 @@ bool complete_warps(BlockRun& br, std::vector<int>& ready) {
       br.th[i].wait = Wait::kRun;
       ready.push_back(i);
     }
-    progress = true;
   }
+  return true;
+}
+
+// complete_warp for every warp; true if any completed.
+bool complete_warps(BlockRun& br, std::vector<int>& ready) {
+  bool progress = false;
+  for (int lo = 0; lo < static_cast<int>(br.th.size()); lo += br.cfg->warp_size)
+    progress = complete_warp(br, lo, ready) || progress;
   return progress;
 }
 
@@ -282,15 +289,34 @@ void run_block(BlockRun& br, const std::function<void()>& body, std::mt19937_64&
   std::vector<int> ready(n);
   for (int i = 0; i < n; ++i) ready[i] = i;
   t_block = &br;
+  // Half the blocks (by the seed) run warp by warp: the warp that ran last goes on while any of
+  // its lanes can, so one warp reaches the next barrier before another starts, the order that
+  // exposes a missing __syncthreads between a warp's reads and another's writes. The other half
+  // interleave threads uniformly.
+  const bool by_warp = (rng() & 1) != 0;
+  int last_warp = -1;
   for (;;) {
     while (!ready.empty()) {
-      const size_t k = rng() % ready.size();
+      size_t k = rng() % ready.size();
+      if (by_warp && last_warp >= 0) {
+        for (size_t j = 0; j < ready.size(); ++j) {
+          const size_t at = (k + j) % ready.size();
+          if (ready[at] / c.warp_size == last_warp) {
+            k = at;
+            break;
+          }
+        }
+      }
       Thread& t = br.th[ready[k]];
+      last_warp = t.linear / c.warp_size;
       ready[k] = ready.back();
       ready.pop_back();
       t_cur = &t;
       resume(t);
       t_cur = nullptr;
+      // A warp whose last lane has just arrived goes on at once, so it may run ahead of the other
+      // warps up to the next barrier, as on a GPU: a missing __syncthreads then shows.
+      complete_warp(br, t.linear - t.linear % c.warp_size, ready);
     }
     bool all_done = true;
     for (const Thread& t : br.th) all_done = all_done && t.wait == Wait::kDone;
