@@ -1,5 +1,7 @@
 // Device-memory hooks of the shared test support, over the CUDA runtime: linked into every GPU
 // test binary so the shared suites run unchanged on the cuda backend (PAGEDATTN_TEST_BACKEND).
+// The GPU emulator's HIP configuration (tests/gpusim) builds them with PA_TEST_HOOKS_ROCM: its
+// runtime keeps CUDA's names, its memory is of the ROCm device types.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -8,6 +10,12 @@
 #include "pagedattn_test_support.h"
 
 namespace {
+
+#if defined(PA_TEST_HOOKS_ROCM)
+constexpr int32_t kDevice = PAGEDATTN_DEVICE_ROCM, kHost = PAGEDATTN_DEVICE_ROCM_HOST;
+#else
+constexpr int32_t kDevice = PAGEDATTN_DEVICE_CUDA, kHost = PAGEDATTN_DEVICE_CUDA_HOST;
+#endif
 
 void* dev_alloc(size_t bytes) {
   void* p = nullptr;
@@ -42,9 +50,8 @@ void pinned_copy(void* dst, const void* src, size_t bytes) {
 
 struct Register {
   Register() {
-    const pat::device_hooks dev = {PAGEDATTN_DEVICE_CUDA, dev_alloc, dev_free, dev_copy, dev_copy};
-    const pat::device_hooks host = {PAGEDATTN_DEVICE_CUDA_HOST, pinned_alloc, pinned_free,
-                                    pinned_copy, pinned_copy};
+    const pat::device_hooks dev = {kDevice, dev_alloc, dev_free, dev_copy, dev_copy};
+    const pat::device_hooks host = {kHost, pinned_alloc, pinned_free, pinned_copy, pinned_copy};
     pat::set_device_hooks(&dev);
     pat::set_device_hooks(&host);
   }

@@ -8,6 +8,8 @@
 #ifndef PAGEDATTN_GPUSIM_WMMA_H
 #define PAGEDATTN_GPUSIM_WMMA_H
 
+#include <type_traits>
+
 #include "halfs.h"
 
 namespace nvcuda {
@@ -40,32 +42,13 @@ inline void load_frag(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsig
     for (int c = 0; c < 16; ++c) f.v[r * 16 + c] = elem_to_float(col ? p[c * ld + r] : p[r * ld + c]);
 }
 
-template <typename T>
-inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, row_major>& f, const T* p,
-                             unsigned ld) {
+// A or B from memory: row_major or col_major as the fragment's layout says.
+template <typename Use, typename T, typename Layout>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ld) {
+  static_assert(std::is_same<Use, matrix_a>::value || std::is_same<Use, matrix_b>::value,
+                "an accumulator load names its memory layout");
   PA_WMMA_SYNC();
-  load_frag(f, p, ld, false);
-  PA_WMMA_SYNC();
-}
-template <typename T>
-inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, T, col_major>& f, const T* p,
-                             unsigned ld) {
-  PA_WMMA_SYNC();
-  load_frag(f, p, ld, true);
-  PA_WMMA_SYNC();
-}
-template <typename T>
-inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, row_major>& f, const T* p,
-                             unsigned ld) {
-  PA_WMMA_SYNC();
-  load_frag(f, p, ld, false);
-  PA_WMMA_SYNC();
-}
-template <typename T>
-inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, T, col_major>& f, const T* p,
-                             unsigned ld) {
-  PA_WMMA_SYNC();
-  load_frag(f, p, ld, true);
+  load_frag(f, p, ld, std::is_same<Layout, col_major>::value);
   PA_WMMA_SYNC();
 }
 inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p,
