@@ -326,6 +326,19 @@ void run_block(BlockRun& br, const std::function<void()>& body, std::mt19937_64&
   t_block = nullptr;
 }
 
+// Marks the running thread as waiting at warp operation `op` of this site; the caller sets the
+// operation's own fields, then suspends.
+Thread& at_warp_op(WarpOp op, unsigned mask, const char* file, int line, const char* fn) {
+  Thread& t = cur();
+  t.wait = Wait::kWarp;
+  t.op = op;
+  t.mask = mask;
+  t.file = file;
+  t.line = line;
+  t.fn = fn;
+  return t;
+}
+
 }  // namespace
 
 const Builtins& builtins() { return cur().b; }
@@ -340,44 +353,25 @@ void sync_block(const char* file, int line, const char* fn) {
 }
 
 void sync_warp(unsigned mask, const char* file, int line, const char* fn) {
-  Thread& t = cur();
-  t.wait = Wait::kWarp;
-  t.op = WarpOp::kSync;
-  t.mask = mask;
-  t.file = file;
-  t.line = line;
-  t.fn = fn;
-  suspend(t);
+  suspend(at_warp_op(WarpOp::kSync, mask, file, line, fn));
 }
 
 uint64_t shfl_xor_bits(uint64_t bits, int lane_mask, unsigned mask, const char* file, int line,
                        const char* fn) {
-  Thread& t = cur();
-  t.wait = Wait::kWarp;
-  t.op = WarpOp::kShuffle;
-  t.mask = mask;
+  Thread& t = at_warp_op(WarpOp::kShuffle, mask, file, line, fn);
   t.xin = bits;
   t.xlane = lane_mask;
-  t.file = file;
-  t.line = line;
-  t.fn = fn;
   suspend(t);
   return t.xout;
 }
 
 void warp_gather(const void* src, size_t bytes, void* dst, size_t stride, unsigned mask,
                  const char* file, int line, const char* fn) {
-  Thread& t = cur();
-  t.wait = Wait::kWarp;
-  t.op = WarpOp::kGather;
-  t.mask = mask;
+  Thread& t = at_warp_op(WarpOp::kGather, mask, file, line, fn);
   t.gsrc = src;
   t.gbytes = bytes;
   t.gdst = dst;
   t.gstride = stride;
-  t.file = file;
-  t.line = line;
-  t.fn = fn;
   suspend(t);
 }
 
