@@ -172,7 +172,24 @@ HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const
     HWY_UNROLL(4)
     for (int j = 0; j < R; ++j) a[b][j] = hn::Zero(d);
   }
-  if constexpr (is_pairs(DT)) {
+  if constexpr (is_pairs(DT) && hn::MaxLanes(DF()) == 8) {
+    // AVX2's 16 registers: the KB keys' halves first, then each q vector loaded once for all of them
+    // (KB x R accumulators + 2 KB halves + one q), so a chunk loads 2R + KB vectors, not 2R KB.
+    for (int i = 0; i < D; i += 2 * N) {
+      hn::Vec<DF> k0[KB], k1[KB];
+      HWY_UNROLL(4)
+      for (int b = 0; b < KB; ++b) load_pair<DT>(row_at<char>(kp[k + b], off), i, k0[b], k1[b]);
+      HWY_UNROLL(4)
+      for (int j = 0; j < R; ++j) {
+        const auto q0 = hn::Load(d, q + j * D + i);
+        HWY_UNROLL(4)
+        for (int b = 0; b < KB; ++b) a[b][j] = hn::MulAdd(q0, k0[b], a[b][j]);
+        const auto q1 = hn::Load(d, q + j * D + i + N);
+        HWY_UNROLL(4)
+        for (int b = 0; b < KB; ++b) a[b][j] = hn::MulAdd(q1, k1[b], a[b][j]);
+      }
+    }
+  } else if constexpr (is_pairs(DT)) {
     for (int i = 0; i < D; i += 2 * N) {
       hn::Vec<DF> q0[R], q1[R];
       HWY_UNROLL(4)
@@ -260,9 +277,13 @@ HWY_INLINE void score_group(const float* HWY_RESTRICT q, int D, const void* cons
   }
 }
 
+// Keys per pf->step() in P.V: 4 on AVX2, where a pass covers 2 vectors of 8 lanes and a step per
+// key costs as many instructions as the key's FMAs; one elsewhere.
+constexpr int kPvStepKeys = hn::MaxLanes(DF()) == 8 ? 4 : 1;
+
 // acc rows (stride D) += sum_k p[j][k] * v_k for R rows, converting V in registers (rows read at
 // vp[k] + off bytes). Keys outer, CH vectors of every row held in registers, so each p is
-// broadcast once per CH chunks; pf->step() once per key.
+// broadcast once per CH chunks; pf->step() once per kPvStepKeys keys.
 template <int DT, int R, int CH>
 HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* HWY_RESTRICT p,
                            const void* const* vp, int nk, PfStream* pf, int64_t off) {
@@ -274,8 +295,7 @@ HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* 
     HWY_UNROLL(4)
     for (int c = 0; c < CH; ++c) a[j][c] = hn::Load(d, acc + j * D + i0 + c * N);
   }
-  for (int k = 0; k < nk; ++k) {
-    pf->step();
+  auto key = [&](int k) HWY_ATTR {
     hn::Vec<DF> pj[R];
     HWY_UNROLL(4)
     for (int j = 0; j < R; ++j) pj[j] = hn::Set(d, p[j * kKeyTile + k]);
@@ -310,6 +330,17 @@ HWY_INLINE void acc_chunks(float* HWY_RESTRICT acc, int D, int i0, const float* 
         for (int j = 0; j < R; ++j) a[j][c] = hn::MulAdd(pj[j], v, a[j][c]);
       }
     }
+  };
+  constexpr int S = kPvStepKeys;
+  int k = 0;
+  for (; k + S <= nk; k += S) {
+    pf->step();
+    HWY_UNROLL(4)
+    for (int b = 0; b < S; ++b) key(k + b);
+  }
+  if (k < nk) {
+    pf->step();
+    for (; k < nk; ++k) key(k);
   }
   HWY_UNROLL(4)
   for (int j = 0; j < R; ++j) {
@@ -345,7 +376,7 @@ HWY_INLINE int64_t in_calls(bool score, int rows, int D, int nk) {
   const int N = static_cast<int>(hn::Lanes(DF()));
   const int whole = D / (kAccChunks * N), rest = D % (kAccChunks * N);
   const int passes = whole + (is_pairs(DT) ? rest / (2 * N) : (is_fp8_quads(DT) ? 0 : rest / N));
-  return static_cast<int64_t>(groups) * passes * nk;
+  return static_cast<int64_t>(groups) * passes * ((nk + kPvStepKeys - 1) / kPvStepKeys);
 }
 
 template <int DT>
