@@ -173,8 +173,8 @@ HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const
     for (int j = 0; j < R; ++j) a[b][j] = hn::Zero(d);
   }
   if constexpr (is_pairs(DT) && hn::MaxLanes(DF()) == 8) {
-    // AVX2's 16 registers: the KB keys' halves first, then each q vector loaded once for all of them
-    // (KB x R accumulators + 2 KB halves + one q), so a chunk loads 2R + KB vectors, not 2R KB.
+    // AVX2's 16 registers hold the KB x R accumulators and the KB keys' halves, converted first,
+    // not 2R q vectors as well: q comes row by row (GCC makes it the FMAs' memory operand).
     for (int i = 0; i < D; i += 2 * N) {
       hn::Vec<DF> k0[KB], k1[KB];
       HWY_UNROLL(4)
