@@ -157,63 +157,61 @@ Thread& cur() {
 bool complete_warp(BlockRun& br, int lo, std::vector<int>& ready) {
   const int ws = br.cfg->warp_size;
   const int hi = std::min(static_cast<int>(br.th.size()), lo + ws);
-  {
-    int live = 0, at = 0;
-    const Thread* first = nullptr;
+  int live = 0, at = 0;
+  const Thread* first = nullptr;
+  for (int i = lo; i < hi; ++i) {
+    const Thread& t = br.th[i];
+    if (t.wait == Wait::kDone) continue;
+    ++live;
+    if (t.wait == Wait::kWarp) {
+      ++at;
+      if (!first) first = &t;
+    }
+  }
+  if (at == 0 || at < live) return false;
+  for (int i = lo; i < hi; ++i) {
+    const Thread& t = br.th[i];
+    if (t.wait == Wait::kDone) {
+      fail(br, "thread " + std::to_string(i) + " exited while its warp waits at " + site(*first),
+           first->fn);
+    }
+    if (t.op != first->op || !same_site(t, *first)) {
+      fail(br, "warp divergence: thread " + std::to_string(first->linear) + " waits at " +
+                   site(*first) + ", thread " + std::to_string(i) + " at " + site(t),
+           first->fn);
+    }
+    // CUDA's shuffles and __syncwarp here name the full warp (HIP's take no mask).
+    if (ws == 32 && t.mask != 0xffffffffu) {
+      fail(br, "warp operation at " + site(t) + " with a partial mask", t.fn);
+    }
+  }
+  if (first->op == WarpOp::kGather) {
+    // Every source is read before any destination is written, so they may overlap.
+    const size_t stride = first->gstride;
+    br.gathered.assign(static_cast<size_t>(hi - lo) * stride, 0);
     for (int i = lo; i < hi; ++i) {
       const Thread& t = br.th[i];
-      if (t.wait == Wait::kDone) continue;
-      ++live;
-      if (t.wait == Wait::kWarp) {
-        ++at;
-        if (!first) first = &t;
+      if (t.gstride != stride || t.gbytes > stride) {
+        fail(br, "warp gather at " + site(t) + ": thread " + std::to_string(i) + " passes " +
+                     std::to_string(t.gbytes) + " bytes in slots of " +
+                     std::to_string(t.gstride) + ", thread " + std::to_string(first->linear) +
+                     " slots of " + std::to_string(stride),
+             t.fn);
       }
+      if (t.gbytes) memcpy(&br.gathered[(i - lo) * stride], t.gsrc, t.gbytes);
     }
-    if (at == 0 || at < live) return false;
+    for (int i = lo; i < hi; ++i) memcpy(br.th[i].gdst, br.gathered.data(), br.gathered.size());
+  }
+  if (first->op == WarpOp::kShuffle) {
     for (int i = lo; i < hi; ++i) {
-      const Thread& t = br.th[i];
-      if (t.wait == Wait::kDone) {
-        fail(br, "thread " + std::to_string(i) + " exited while its warp waits at " + site(*first),
-             first->fn);
-      }
-      if (t.op != first->op || !same_site(t, *first)) {
-        fail(br, "warp divergence: thread " + std::to_string(first->linear) + " waits at " +
-                     site(*first) + ", thread " + std::to_string(i) + " at " + site(t),
-             first->fn);
-      }
-      // CUDA's shuffles and __syncwarp here name the full warp (HIP's take no mask).
-      if (ws == 32 && t.mask != 0xffffffffu) {
-        fail(br, "warp operation at " + site(t) + " with a partial mask", t.fn);
-      }
+      Thread& t = br.th[i];
+      const int src = (i - lo) ^ t.xlane;
+      t.xout = src < hi - lo ? br.th[lo + src].xin : t.xin;
     }
-    if (first->op == WarpOp::kGather) {
-      // Every source is read before any destination is written, so they may overlap.
-      const size_t stride = first->gstride;
-      br.gathered.assign(static_cast<size_t>(hi - lo) * stride, 0);
-      for (int i = lo; i < hi; ++i) {
-        const Thread& t = br.th[i];
-        if (t.gstride != stride || t.gbytes > stride) {
-          fail(br, "warp gather at " + site(t) + ": thread " + std::to_string(i) + " passes " +
-                       std::to_string(t.gbytes) + " bytes in slots of " +
-                       std::to_string(t.gstride) + ", thread " + std::to_string(first->linear) +
-                       " slots of " + std::to_string(stride),
-               t.fn);
-        }
-        if (t.gbytes) memcpy(&br.gathered[(i - lo) * stride], t.gsrc, t.gbytes);
-      }
-      for (int i = lo; i < hi; ++i) memcpy(br.th[i].gdst, br.gathered.data(), br.gathered.size());
-    }
-    if (first->op == WarpOp::kShuffle) {
-      for (int i = lo; i < hi; ++i) {
-        Thread& t = br.th[i];
-        const int src = (i - lo) ^ t.xlane;
-        t.xout = src < hi - lo ? br.th[lo + src].xin : t.xin;
-      }
-    }
-    for (int i = lo; i < hi; ++i) {
-      br.th[i].wait = Wait::kRun;
-      ready.push_back(i);
-    }
+  }
+  for (int i = lo; i < hi; ++i) {
+    br.th[i].wait = Wait::kRun;
+    ready.push_back(i);
   }
   return true;
 }

@@ -1,10 +1,10 @@
 // wmma.h — nvcuda::wmma 16x16x16 as warp-collective whole-tile operations: every call is a warp
 // rendezvous (all lanes, one site), then each lane's fragment holds the whole tile. Loads and
 // stores end with a second rendezvous: the warp's access completes before any lane goes on, so
-// a lane's later writes cannot reach another lane's load of the same call. The kernels
-// use fragments only whole (load, fill, mma, store), never their per-lane elements, so the lane
-// layout of the hardware does not show; products accumulate in float32 in k order. A product's
-// rows are split across the lanes (one computation per warp, not one per lane).
+// a lane's later writes cannot reach another lane's load of the same call. The kernels use
+// fragments only whole (load, fill, mma, store), never their per-lane elements, so the lane layout
+// of the hardware does not show; products accumulate in float32 in k order. A product's rows are
+// split across the lanes (one computation per warp, not one per lane).
 #ifndef PAGEDATTN_GPUSIM_WMMA_H
 #define PAGEDATTN_GPUSIM_WMMA_H
 
