@@ -260,7 +260,7 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
       auto sum = hn::Zero(d);
       for (int k = 0; k < nk; ++k) {
         float* sp = sc->s + static_cast<size_t>(k) * Rp + o;
-        const auto p = hn::Exp(d, hn::Sub(hn::Load(d, sp), msafe));
+        const auto p = exp_weights(d, hn::Sub(hn::Load(d, sp), msafe));
         hn::Store(p, d, sp);
         sum = hn::Add(sum, p);
       }
