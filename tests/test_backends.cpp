@@ -326,6 +326,52 @@ TEST(Backends, OnednnEnvironment) {
                     {"1", "16", "65536"}, "onednn");
 }
 
+// A step whose oneDNN tiles would be float32 (no native bf16 matmul, or float32 inputs as here)
+// runs on the embedded cpu kernels unless float32 tiles are asked for (the cpu kernels are as
+// fast or faster): by default the output is the cpu backend's to the bit, so the error against
+// float64 is the same number; with PAGEDATTN_ONEDNN_MIN_QUERY set the tiles run and round
+// differently.
+TEST(Backends, OnednnRunsFloat32TileStepsOnTheCpuKernels) {
+  const char* old = std::getenv("PAGEDATTN_ONEDNN_MIN_QUERY");
+  const std::string saved = old ? old : "";
+  unsetenv("PAGEDATTN_ONEDNN_MIN_QUERY");
+  pagedattn_backend_options o;
+  ASSERT_EQ(pagedattn_backend_options_init(&o), PAGEDATTN_OK);
+  o.num_threads = 2;
+  pagedattn_backend *cpu = nullptr, *dnn = nullptr, *tiles = nullptr;
+  ASSERT_EQ(pagedattn_backend_create(&cpu, "cpu", &o), PAGEDATTN_OK) << pagedattn_last_error();
+  const pagedattn_status st = pagedattn_backend_create(&dnn, "onednn", &o);
+  setenv("PAGEDATTN_ONEDNN_MIN_QUERY", "16", 1);
+  if (st == PAGEDATTN_OK) {
+    EXPECT_EQ(pagedattn_backend_create(&tiles, "onednn", &o), PAGEDATTN_OK)
+        << pagedattn_last_error();
+  }
+  if (old) setenv("PAGEDATTN_ONEDNN_MIN_QUERY", saved.c_str(), 1);
+  else unsetenv("PAGEDATTN_ONEDNN_MIN_QUERY");
+  if (st != PAGEDATTN_OK) {
+    pagedattn_backend_destroy(cpu);
+    GTEST_SKIP() << "skipped: onednn backend unavailable: " << pagedattn_last_error();
+  }
+  pat::AttnCase c;
+  c.dtype = PAGEDATTN_DTYPE_FLOAT32;  // float32 outputs show the order of the sums
+  c.H = 8;
+  c.Hkv = 2;
+  c.D = 64;
+  c.seqs = {{64, 0}, {40, 24}, {1, 50}};
+  const uint64_t seed = 20261127;
+  pat::CaseResult rc, rd, rt;
+  EXPECT_TRUE(pat::run_attention_case(cpu, c, seed, &rc));
+  EXPECT_TRUE(pat::run_attention_case(dnn, c, seed, &rd));
+  EXPECT_EQ(rd.err, rc.err) << "the default onednn backend did not run the cpu kernels";
+  if (tiles != nullptr) {
+    EXPECT_TRUE(pat::run_attention_case(tiles, c, seed, &rt));
+    EXPECT_NE(rt.err, rc.err) << "PAGEDATTN_ONEDNN_MIN_QUERY=16 did not run the float32 tiles";
+  }
+  pagedattn_backend_destroy(tiles);
+  pagedattn_backend_destroy(dnn);
+  pagedattn_backend_destroy(cpu);
+}
+
 TEST(Backends, DestroyOrderIsSafe) {
   // Destroying the backend before its caches and batches must not crash (refcounted).
   pagedattn_backend* be = nullptr;

@@ -98,9 +98,9 @@ PAGEDATTN_API pagedattn_status pagedattn_backend_get_info(pagedattn_backend_info
                                                          int32_t index);
 
 /* Creates a backend by name: "cpu", "onednn", "cuda", "hip", or "auto" (the first that can be
- * created of cuda, hip, onednn, cpu: onednn shares the cpu kernels for decode, and for fp8
- * caches on CPUs with bf16 dot products, and is faster for other prefill chunks, so it is
- * preferred whenever its plugin loads — see README). opts may be NULL
+ * created of cuda, hip, onednn, cpu: onednn shares the cpu kernels for decode, for fp8 caches
+ * on CPUs with bf16 dot products and for steps its tiles would run in float32, and is faster
+ * for bf16 prefill chunks, so it is preferred whenever its plugin loads — see README). opts may be NULL
  * for defaults. On success *out owns a new handle; free it with pagedattn_backend_destroy.
  * CPU backends keep num_threads - 1 worker threads; after a call they spin for
  * PAGEDATTN_CPU_SPIN_US microseconds (default 100, read here; see README) before they sleep.

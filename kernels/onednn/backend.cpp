@@ -3,9 +3,12 @@
 // Prefill and chunked prefill (query_len >= a threshold) run as tiled flash attention whose two
 // products are oneDNN matmul primitives: S = Q K^T on a (query tile x GQA group) x key tile, the
 // masked online softmax in our own Highway code (softmax_tile.cpp), then O += P V with a sum
-// post-op. bf16 operands (f32 accumulate) where the CPU has native bf16 and the inputs are bf16,
-// f32 otherwise. Rows of shorter sequences (decode, short chunks), and whole steps over an fp8
-// cache where the CPU kernels have bf16 dot products, go to an embedded CPU backend
+// post-op, with bf16 operands (f32 accumulate): where the CPU has native bf16 and the inputs are
+// bf16. Float32 tiles (no native bf16, or float32 and float16 inputs) run only when asked for
+// (PAGEDATTN_ONEDNN_MIN_QUERY set, or PAGEDATTN_ONEDNN_BF16=0): the cpu kernels are as fast or
+// faster than them (docs/perf.md). Rows of shorter sequences (decode, short chunks), such steps,
+// and whole steps over an fp8 cache where the CPU kernels have bf16 dot products, go to an
+// embedded CPU backend
 // (kernels/cpu/backend.h), so they are planned and split exactly as on `cpu`; caches, cache
 // writes, copies and merges are that backend's ops. Which rows go where, and the tile items, are
 // in schedule.cpp. Threads: our own pool (pool.h), each worker running primitives
@@ -81,6 +84,7 @@ struct Backend {
   Pool* pool = nullptr;
   bool bf16 = false;       // native bf16 matmul available
   int min_query = 16;      // sequences with query_len >= this use the oneDNN tiles
+  bool f32_tiles = false;  // float32 tiles asked for (else such steps run on the cpu kernels)
   std::string settings;    // pagedattn_capabilities.settings
   uint64_t memory_limit = 0;
   std::atomic<uint64_t> used{0};   // also counts the embedded CPU backend's allocations
@@ -296,15 +300,18 @@ pagedattn_status probe(int32_t device_index, char* msg) {
 // PAGEDATTN_ONEDNN_BF16 ("0": float32 tiles even where bf16 ones would run; "1" or unset: bf16
 // tiles where the CPU runs them natively) and PAGEDATTN_ONEDNN_MIN_QUERY (a whole number in
 // 1..65536: sequences with query_len >= it use the oneDNN tiles, shorter ones the embedded cpu
-// kernels; unset 16). Another value refuses the backend, as the cpu backend's variables do.
-bool env_settings(bool* allow_bf16, int* min_query, char* msg) {
+// kernels; unset 16). Either one set asks for float32 tiles (*f32_tiles). Another value refuses
+// the backend, as the cpu backend's variables do.
+bool env_settings(bool* allow_bf16, int* min_query, bool* f32_tiles, char* msg) {
   *allow_bf16 = true;
+  *f32_tiles = false;
   if (const char* env = getenv("PAGEDATTN_ONEDNN_BF16")) {
     if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
       set_msg(msg, "PAGEDATTN_ONEDNN_BF16=%.64s is not 0 or 1", env);
       return false;
     }
     *allow_bf16 = env[0] == '1';
+    *f32_tiles = !*allow_bf16;
   }
   if (const char* env = getenv("PAGEDATTN_ONEDNN_MIN_QUERY")) {
     long v = 0;
@@ -313,6 +320,7 @@ bool env_settings(bool* allow_bf16, int* min_query, char* msg) {
       return false;
     }
     *min_query = static_cast<int>(v);
+    *f32_tiles = true;
   }
   return true;
 }
@@ -335,12 +343,26 @@ std::string describe(Backend& b) {
   pagedattn_capabilities cpu{};
   pa_cpu_backend_ops()->get_capabilities(b.cpu, &cpu);
   char head[256];
-  snprintf(head, sizeof head,
-           "oneDNN %d.%d.%d: chunks of %d or more query tokens on %s matmul tiles (", v->major,
-           v->minor, v->patch, b.min_query, b.bf16 ? "bf16" : "float32");
+  if (b.bf16) {
+    snprintf(head, sizeof head,
+             "oneDNN %d.%d.%d: bf16 chunks of %d or more query tokens on bf16 matmul tiles, "
+             "other dtypes' on %s (",
+             v->major, v->minor, v->patch, b.min_query,
+             b.f32_tiles ? "float32 tiles" : "the cpu kernels");
+  } else if (b.f32_tiles) {
+    snprintf(head, sizeof head,
+             "oneDNN %d.%d.%d: chunks of %d or more query tokens on float32 matmul tiles (",
+             v->major, v->minor, v->patch, b.min_query);
+  } else {
+    snprintf(head, sizeof head,
+             "oneDNN %d.%d.%d: no bf16 matmul here, every chunk on the cpu kernels (", v->major,
+             v->minor, v->patch);
+  }
   return std::string(head) + pa_runtime::env_note("PAGEDATTN_ONEDNN_BF16") + ", " +
          pa_runtime::env_note("PAGEDATTN_ONEDNN_MIN_QUERY") +
-         "); decode and shorter chunks on the cpu kernels: " + cpu.settings;
+         (b.bf16 || b.f32_tiles ? "); decode and shorter chunks on the cpu kernels: "
+                                : "); the cpu kernels: ") +
+         cpu.settings;
 }
 
 pagedattn_status create(void** state, const pagedattn_backend_options* opts, char* msg) {
@@ -355,7 +377,7 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     b->threads = opts->num_threads > 0 ? opts->num_threads : omp_get_num_procs();
     b->memory_limit = opts->memory_limit;
     bool allow_bf16 = true;
-    if (!env_settings(&allow_bf16, &b->min_query, msg)) {
+    if (!env_settings(&allow_bf16, &b->min_query, &b->f32_tiles, msg)) {
       delete b;
       return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     }
@@ -539,9 +561,13 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   const pa_batch& bt = *a->batch;
   auto* w = static_cast<BatchWork*>(bt.backend_data);
   const pa_backend_ops* cpu = pa_cpu_backend_ops();
-  if (step_on_cpu(*a, b->min_query, b->target.bf16_dp)) {
-    // No oneDNN rows (decode, short chunks, fp8 caches above): the whole step, cache write
-    // included, on the embedded CPU backend, which takes its own plan's lock.
+  // Tiles in bf16, or float32 ones where asked for; otherwise no sequence is long enough.
+  const bool bf16 = b->bf16 && a->q.dtype == PAGEDATTN_DTYPE_BFLOAT16;
+  const int min_query = bf16 || b->f32_tiles ? b->min_query : std::numeric_limits<int>::max();
+  if (step_on_cpu(*a, min_query, b->target.bf16_dp)) {
+    // No oneDNN rows (decode, short chunks, float32 tiles not asked for, fp8 caches above): the
+    // whole step, cache write included, on the embedded CPU backend, which takes its own plan's
+    // lock.
     pa_batch view = bt;
     view.backend_data = w->cpu_plan;
     pa_forward_args args = *a;
@@ -559,11 +585,11 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
 
   // 2. The sequences below min_query (a mixed step's decodes) on the embedded CPU backend: the
   // same batch with the oneDNN sequences' query_lens zeroed (they get no items there).
-  if (short_rows(bt, b->min_query, w->short_lens.data())) {
+  if (short_rows(bt, min_query, w->short_lens.data())) {
     pa_batch view = bt;
     view.backend_data = w->cpu_plan;
     view.query_lens = w->short_lens.data();
-    view.max_query_len = b->min_query - 1;
+    view.max_query_len = min_query - 1;
     pa_forward_args args = *a;
     args.batch = &view;
     args.write_kv = 0;  // written above
@@ -572,15 +598,14 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   }
 
   // 3. The oneDNN tile items of the other sequences.
-  const int64_t total = count_tile_items(*a, b->min_query, w->prefix.data());
-  const bool bf16 = b->bf16 && a->q.dtype == PAGEDATTN_DTYPE_BFLOAT16;
+  const int64_t total = count_tile_items(*a, min_query, w->prefix.data());
   std::atomic<int> failed{0};
   std::string err;
   b->pool->run(total, [&](int worker, int64_t i) {
     if (failed.load(std::memory_order_relaxed)) return;
     Worker& wk = w->workers[static_cast<size_t>(worker)];
     TileItem it;
-    tile_item_at(*a, b->min_query, w->prefix.data(), i, &it);
+    tile_item_at(*a, min_query, w->prefix.data(), i, &it);
     try {
       tile_item(b, wk, it, bf16);
     } catch (const std::exception& e) {
