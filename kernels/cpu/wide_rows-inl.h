@@ -75,11 +75,12 @@ HWY_INLINE void wide_scores(const float* HWY_RESTRICT qT, const float* HWY_RESTR
   }
 }
 
-// accT[d][rows] += sum_k vt[k][d] * p[k][rows] for 4 dims from x0 and RB row vectors from rv0.
+// accT[d][rows] = accT[d][rows] * alpha[rows] + sum_k vt[k][d] * p[k][rows] for RB row vectors
+// from rv0 (the online softmax's rescale folded into the accumulators' load).
 template <int RB>
-HWY_INLINE void wide_accumulate(float* HWY_RESTRICT accT, const float* HWY_RESTRICT p,
-                                const float* HWY_RESTRICT vt, int D, int Dp, int Rp, int rv0,
-                                int nk) {
+HWY_INLINE void wide_accumulate(float* HWY_RESTRICT accT, const float* HWY_RESTRICT alpha,
+                                const float* HWY_RESTRICT p, const float* HWY_RESTRICT vt, int D,
+                                int Dp, int Rp, int rv0, int nk) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
   for (int x0 = 0; x0 < D; x0 += 4) {
@@ -87,7 +88,9 @@ HWY_INLINE void wide_accumulate(float* HWY_RESTRICT accT, const float* HWY_RESTR
     HWY_UNROLL(4)
     for (int i = 0; i < 4; ++i)
       HWY_UNROLL(4)
-      for (int j = 0; j < RB; ++j) a[i][j] = hn::Load(d, accT + static_cast<size_t>(x0 + i) * Rp + (rv0 + j) * N);
+      for (int j = 0; j < RB; ++j)
+        a[i][j] = hn::Mul(hn::Load(d, accT + static_cast<size_t>(x0 + i) * Rp + (rv0 + j) * N),
+                          hn::Load(d, alpha + (rv0 + j) * N));
     for (int k = 0; k < nk; ++k) {
       hn::Vec<DF> pv[RB];
       HWY_UNROLL(4)
@@ -266,20 +269,15 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
       }
       hn::Store(hn::MulAdd(hn::Load(d, sc->l + o), hn::Load(d, sc->alpha + o), sum), d, sc->l + o);
     }
-    // Rescale the accumulators by alpha (rows whose max moved).
-    for (int x = 0; x < D; ++x) {
-      float* ap = accT + static_cast<size_t>(x) * Rp;
-      for (int v = 0; v < Rv; ++v)
-        hn::Store(hn::Mul(hn::Load(d, ap + v * N), hn::Load(d, sc->alpha + v * N)), d, ap + v * N);
-    }
+    // P.V, the accumulators rescaled by alpha (rows whose max moved) as they are loaded.
     load_tile(it, true, kt0, nk, sc->vt, Dp, 0);
     rv = 0;
     for (; rv + kWideRB <= Rv; rv += kWideRB)
-      wide_accumulate<kWideRB>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk);
+      wide_accumulate<kWideRB>(accT, sc->alpha, sc->s, sc->vt, D, Dp, Rp, rv, nk);
     switch (Rv - rv) {
-      case 3: wide_accumulate<3>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
-      case 2: wide_accumulate<2>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
-      case 1: wide_accumulate<1>(accT, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
+      case 3: wide_accumulate<3>(accT, sc->alpha, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
+      case 2: wide_accumulate<2>(accT, sc->alpha, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
+      case 1: wide_accumulate<1>(accT, sc->alpha, sc->s, sc->vt, D, Dp, Rp, rv, nk); break;
       default: break;
     }
   }
