@@ -8,7 +8,6 @@
 // The kernels choose code paths by feature, not by vendor, so each emulated configuration
 // (sim/, PA_SIM) runs exactly the path of the hardware it stands for:
 //   PA_HAS_CP_ASYNC  cp.async pipelines (CUDA sm_80+)
-//   PA_HAS_WMMA      WMMA tensor-core tiles (CUDA sm_80+)
 //   PA_HAS_MMA_SYNC  mma.sync m16n8k16 and ldmatrix register fragments (CUDA sm_80+; mma.cuh)
 //   PA_HAS_FP8_CVT   the fp8 -> half conversion instruction (CUDA sm_89+, per device pass)
 //   PA_LDS_64K       64 KiB of shared memory (LDS) per block: smaller tiles (AMD)
@@ -130,7 +129,6 @@ typedef cudaFuncAttributes gpuFuncAttributes;
 // Orders shared-memory accesses between the lanes of a warp (independent thread scheduling).
 #define PA_SYNCWARP() __syncwarp()
 #define PA_HAS_CP_ASYNC 1
-#define PA_HAS_WMMA 1
 #define PA_HAS_MMA_SYNC 1
 // The emulator stands for sm_90.
 #if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890) || defined(PA_SIM)

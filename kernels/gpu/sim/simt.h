@@ -1,5 +1,5 @@
 // simt.h — what an emulated GPU thread asks of the block runner (block.cpp): its built-in
-// indices, block barriers, warp-scoped rendezvous (shuffles, __syncwarp, WMMA, the gathers of
+// indices, block barriers, warp-scoped rendezvous (shuffles, __syncwarp, the gathers of
 // mma.sync and ldmatrix), the block's dynamic shared memory and deferred (cp.async) copies.
 // Every call names its source line so a divergence is reported where it happens.
 #ifndef PAGEDATTN_GPUSIM_SIMT_H

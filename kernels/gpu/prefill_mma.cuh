@@ -1,0 +1,312 @@
+// prefill_mma.cuh — prefill tiles of 16-bit queries on tensor cores, FlashAttention-2 style:
+// mma.sync m16n8k16 with S, P and O in registers. The CTA's 64 rows (tile tokens x the query
+// heads of one GQA group, as in attention_kernel) are 4 warps of 16; each warp keeps its rows'
+// scores, weights, output accumulators and online-softmax state in registers, so shared memory
+// holds only Q and two stages of K/V (cp.async brings chunk n+1 while chunk n is computed on).
+// K and V arrive as the query type: a cache of that type is copied as it is, an fp8 cache is
+// converted on the way in.
+//
+// Only where PA_HAS_MMA_SYNC is defined (CUDA sm_80+ and the emulator's CUDA configuration);
+// attention.cuh's launch_attention_one sends those tiles here.
+#ifndef PAGEDATTN_GPU_PREFILL_MMA_CUH
+#define PAGEDATTN_GPU_PREFILL_MMA_CUH
+
+#include <stdint.h>
+
+#include <atomic>
+#include <type_traits>
+
+#include "gpu_kernels.h"
+#include "mma.cuh"
+#include "staging.cuh"
+#include "types.cuh"
+#include "variant.cuh"
+#include "vendor.cuh"
+
+#if defined(PA_HAS_MMA_SYNC)
+
+namespace pagedattn_gpu {
+
+template <int DMAX>
+struct PrefillMmaLayout {
+  static constexpr int kR = kPrefillRows;                // 64 rows, 16 per warp
+  static constexpr int kWarps = kR / 16;
+  static constexpr int kNT = kWarps * 32;
+  static constexpr int kChunk = DMAX <= 128 ? 64 : 32;   // keys per stage
+  static constexpr int kDP = ((DMAX + 15) / 16) * 16;    // staged head size (zero padded)
+  // Elements per staged row: 16 bytes of padding put the 8 rows an ldmatrix reads in distinct
+  // bank groups (and keep every row 16-byte aligned, as ldmatrix needs).
+  static constexpr int kLd = kDP + 8;
+  static constexpr size_t kQ = 0;
+  static constexpr size_t kStage0 = kQ + 2u * kR * kLd;         // then K, V of stage 0, 1
+  static constexpr size_t kStageBytes = 2u * 2u * kChunk * kLd;  // K and V of one stage
+  static constexpr size_t kBytes = kStage0 + 2u * kStageBytes;
+};
+
+__device__ __forceinline__ uint32_t bits16(bf16_t x) { return x.bits; }
+__device__ __forceinline__ uint32_t bits16(f16_t x) { return __half_as_ushort(x); }
+
+// Two floats as one register of an mma operand: the lower-numbered element in the low half.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return bits16(from_float<T>(lo)) | (bits16(from_float<T>(hi)) << 16);
+}
+
+// d += a * b (16x8 float32 += 16x16 by 16x8, in the query type).
+template <typename T>
+__device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+  if constexpr (std::is_same<T, bf16_t>::value) {
+    mma_m16n8k16_bf16(d, a, b, d);
+  } else {
+    mma_m16n8k16_f16(d, a, b, d);
+  }
+}
+
+// Stages keys [c0, c0 + nk) of the CTA's KV head into ks/vs as T (rows of kLd elements), zero
+// beyond the head size and beyond nk. A cache of type T is copied asynchronously; the caller
+// commits and waits.
+template <typename T, typename KT, int DMAX>
+__device__ __forceinline__ void stage_kv(const AttnParams& p, const CtaWork& w, T* ks, T* vs,
+                                         int c0, int nk, bool aligned) {
+  using L = PrefillMmaLayout<DMAX>;
+  constexpr int G = L::kDP / 8;  // 16-byte groups of a staged row
+  const int D = p.head_size;
+  for (int i = threadIdx.x; i < L::kChunk * G; i += L::kNT) {
+    const int key = i / G, d0 = (i % G) * 8;
+    T* kd = ks + key * L::kLd + d0;
+    T* vd = vs + key * L::kLd + d0;
+    if (key < nk && d0 < D) {
+      int64_t koff, voff;
+      key_offsets(p, w.seq, w.kvh, c0 + key, &koff, &voff);
+      const KT* kp = static_cast<const KT*>(p.kv.k) + koff + d0;
+      const KT* vp = static_cast<const KT*>(p.kv.v) + voff + d0;
+      if constexpr (std::is_same<KT, T>::value) {
+        for (int b = 0; b < 16; b += p.kv.vec) {
+          copy_unit_async(reinterpret_cast<char*>(kd) + b, reinterpret_cast<const char*>(kp) + b,
+                          p.kv.vec);
+          copy_unit_async(reinterpret_cast<char*>(vd) + b, reinterpret_cast<const char*>(vp) + b,
+                          p.kv.vec);
+        }
+      } else {
+        stage8<T, KT>(kd, kp, aligned);
+        stage8<T, KT>(vd, vp, aligned);
+      }
+    } else {
+      *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+template <typename T, typename KT, int DMAX>
+__global__ void __launch_bounds__(PrefillMmaLayout<DMAX>::kNT)
+    prefill_mma_kernel(const AttnParams p) {
+  using L = PrefillMmaLayout<DMAX>;
+  constexpr int R = L::kR, NT = L::kNT, CHUNK = L::kChunk, DP = L::kDP, LD = L::kLd;
+  constexpr int NS = CHUNK / 8;  // score n-tiles of a warp's 16 rows
+  constexpr int NO = DP / 8;     // output n-tiles
+  static_assert(NS % 2 == 0 && DP % 16 == 0, "pairs of n-tiles per ldmatrix_x4");
+
+  if (static_cast<int32_t>(blockIdx.x) >= *p.num_items) return;
+  const WorkItem it = p.items[blockIdx.x];
+
+  PA_DYNAMIC_SHARED(128, prefill_smem);
+  T* qs = reinterpret_cast<T*>(prefill_smem + L::kQ);
+  // Stage s: K at stage_k(s), V CHUNK rows after it (computed, not indexed: no local memory).
+  auto stage_k = [&](int s) {
+    return reinterpret_cast<T*>(prefill_smem + L::kStage0 + s * L::kStageBytes);
+  };
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t4 = lane & 3;  // mma fragment row group and thread in group
+  const int D = p.head_size;
+  const int hpc = p.heads_per_cta;
+  const CtaWork w = cta_work(p, it);
+  const int lo = w.keys.lo, hi = w.keys.hi;
+  const int rows_used = it.tlen * hpc;
+
+  // Q as T, zero beyond the rows, heads and head size used.
+  for (int i = tid; i < R * (DP / 8); i += NT) {
+    const int r = i / (DP / 8), d0 = (i % (DP / 8)) * 8;
+    const int ti = r / hpc, gi = r % hpc;
+    T* dst = qs + r * LD + d0;
+    if (r < rows_used && gi < w.gh && d0 < D) {
+      const T* src = static_cast<const T*>(p.q) + static_cast<int64_t>(w.row0 + ti) * p.q_row +
+                     static_cast<int64_t>(w.h0 + gi) * p.q_head + d0;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = src[e];
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  // This lane's two rows of its warp's 16: g and g + 8.
+  bool valid[2];
+  int head[2], qpos[2], qrow[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int r = warp * 16 + g + 8 * hr;
+    const int ti = r / hpc, gi = r % hpc;
+    valid[hr] = r < rows_used && gi < w.gh;
+    head[hr] = w.h0 + gi;
+    qpos[hr] = w.pos_first + ti;
+    qrow[hr] = w.row0 + ti;
+  }
+  const bool active = warp * 16 < rows_used;  // warp-uniform: warps past the rows only stage
+  float o[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  const bool aligned = p.kv.vec >= static_cast<int>(8 * sizeof(KT)) || p.kv.vec == 16;
+  const int nchunks = hi > lo ? (hi - lo + CHUNK - 1) / CHUNK : 0;
+  if (nchunks > 0) {
+    stage_kv<T, KT, DMAX>(p, w, stage_k(0), stage_k(0) + CHUNK * LD, lo, min(CHUNK, hi - lo),
+                          aligned);
+    async_commit();
+  }
+  for (int c = 0; c < nchunks; ++c) {
+    const int c0 = lo + c * CHUNK;
+    if (c + 1 < nchunks) {  // the next chunk streams in while this one is computed on
+      const int n0 = c0 + CHUNK;
+      T* kn = stage_k((c + 1) & 1);
+      stage_kv<T, KT, DMAX>(p, w, kn, kn + CHUNK * LD, n0, min(CHUNK, hi - n0), aligned);
+      async_commit();
+      async_wait<1>();
+    } else {
+      async_wait<0>();
+    }
+    __syncthreads();
+    if (active) {
+      const T* ks = stage_k(c & 1);
+      const T* vs = ks + CHUNK * LD;
+      // S = Q.K^T: A fragments of Q, B fragments of two key n-tiles per ldmatrix_x4.
+      float s[NS][4];
+#pragma unroll
+      for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < DP / 16; ++kk) {
+        uint32_t qa[4];
+        ldmatrix_x4(qa, qs + (warp * 16 + (lane & 15)) * LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int jj = 0; jj < NS / 2; ++jj) {
+          // Matrix lane / 8: keys 8 (m / 2) .. + 7 of the pair, dims 8 (m % 2) .. + 7.
+          const int mi = lane >> 3;
+          uint32_t kb[4];
+          ldmatrix_x4(kb, ks + (jj * 16 + (mi >> 1) * 8 + (lane & 7)) * LD + kk * 16 +
+                              (mi & 1) * 8);
+          mma16816<T>(s[2 * jj], qa, kb);
+          mma16816<T>(s[2 * jj + 1], qa, kb + 2);
+        }
+      }
+      // Logits (scale, soft cap, ALiBi, masks; -inf for keys past the chunk and unused rows),
+      // then the online softmax of each row over the 4 lanes that hold it.
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = c0 + j * 8 + 2 * t4 + e;
+            float x = -INFINITY;
+            if (valid[hr] && key < hi)
+              x = variant_logit(p, s[j][2 * hr + e] * p.scale, head[hr], key, qpos[hr]);
+            s[j][2 * hr + e] = x;
+            mx = max_keep_nan(mx, x);
+          }
+        }
+        mx = max_keep_nan(mx, PA_SHFL_XOR(mx, 1));
+        mx = max_keep_nan(mx, PA_SHFL_XOR(mx, 2));
+        const float m_new = max_keep_nan(m[hr], mx);
+        const bool poisoned = max_poisoned(m_new);
+        const float alpha = (m[hr] == -INFINITY || poisoned) ? 0.f : __expf(m[hr] - m_new);
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = s[j][2 * hr + e];
+            const float pe = (x == -INFINITY || poisoned) ? 0.f : __expf(x - m_new);
+            s[j][2 * hr + e] = pe;
+            sum += pe;
+          }
+        }
+        l[hr] = l[hr] * alpha + sum;  // this lane's part; the quad's are added at the end
+        m[hr] = m_new;
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+          o[n][2 * hr] *= alpha;
+          o[n][2 * hr + 1] *= alpha;
+        }
+      }
+      // O += P.V: the weights, rounded to T, are the A fragments as they lie in s; V's B
+      // fragments of two dim n-tiles per transposed ldmatrix_x4.
+#pragma unroll
+      for (int kk = 0; kk < CHUNK / 16; ++kk) {
+        const uint32_t pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
+                                pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int jd = 0; jd < DP / 16; ++jd) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, vs + (kk * 16 + (lane & 15)) * LD + jd * 16 + (lane >> 4) * 8);
+          mma16816<T>(o[2 * jd], pa, vb);
+          mma16816<T>(o[2 * jd + 1], pa, vb + 2);
+        }
+      }
+    }
+    __syncthreads();  // the stage just read is the one the next iteration refills
+  }
+
+  if (!active) return;
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    l[hr] += PA_SHFL_XOR(l[hr], 1);
+    l[hr] += PA_SHFL_XOR(l[hr], 2);
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    if (!valid[hr]) continue;
+    const bool poisoned = max_poisoned(m[hr]);
+    const float inv = p.v_scale / l[hr];
+    T* out = static_cast<T*>(p.out) + static_cast<int64_t>(qrow[hr]) * p.o_row +
+             static_cast<int64_t>(head[hr]) * p.o_head;
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int d = n * 8 + 2 * t4 + e;
+        if (d < D)
+          out[d] = from_float<T>(poisoned ? NAN : l[hr] > 0.f ? o[n][2 * hr + e] * inv : 0.f);
+      }
+    }
+    if (t4 == 0 && p.lse)
+      p.lse[static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head] =
+          poisoned ? NAN : (l[hr] > 0.f ? m[hr] + logf(l[hr]) : -INFINITY);
+  }
+}
+
+template <typename T, typename KT, int DMAX>
+gpuError_t launch_prefill_mma(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
+  using L = PrefillMmaLayout<DMAX>;
+  static_assert(L::kBytes <= 163 * 1024, "tile exceeds the shared memory of sm_80");
+  auto kernel = prefill_mma_kernel<T, KT, DMAX>;
+  if (L::kBytes > 48 * 1024) {
+    static std::atomic<uint64_t> smem_set{0};
+    const gpuError_t attr = raise_smem_limit(kernel, static_cast<int>(L::kBytes), smem_set);
+    if (attr != gpuSuccess) return attr;
+  }
+  const int nhg = (p.group + p.heads_per_cta - 1) / p.heads_per_cta;
+  dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_kv_heads * nhg));
+  PA_LAUNCH(kernel, grid, L::kNT, L::kBytes, stream)(p);
+  return gpuGetLastError();
+}
+
+}  // namespace pagedattn_gpu
+
+#endif  // PA_HAS_MMA_SYNC
+
+#endif  // PAGEDATTN_GPU_PREFILL_MMA_CUH

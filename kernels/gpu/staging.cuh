@@ -1,0 +1,109 @@
+// staging.cuh — what the attention kernels share to bring K/V into shared memory: the dynamic
+// shared-memory limit, vector loads converted to float, and global -> shared copies that need not
+// wait (cp.async where the hardware has it).
+#ifndef PAGEDATTN_GPU_STAGING_CUH
+#define PAGEDATTN_GPU_STAGING_CUH
+
+#include <stdint.h>
+
+#include <atomic>
+
+#include "types.cuh"
+#include "vendor.cuh"
+
+#if defined(PA_CUDA)
+#include <cuda_pipeline.h>
+#endif
+
+namespace pagedattn_gpu {
+
+// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device. The attribute
+// belongs to the kernel in one device's context, so it is set once per device (bit d of `done`;
+// devices past 63 set it on every launch). No host sync and no allocation: legal inside a graph
+// capture, though the first call for a device is best made outside one (a warm-up forward).
+template <typename K>
+gpuError_t raise_smem_limit(K kernel, int bytes, std::atomic<uint64_t>& done) {
+  int dev = 0;
+  gpuError_t e = gpuGetDevice(&dev);
+  if (e != gpuSuccess) return e;
+  const uint64_t bit = (dev >= 0 && dev < 64) ? (uint64_t{1} << dev) : 0;
+  if (bit && (done.load(std::memory_order_acquire) & bit)) return gpuSuccess;
+  e = gpuFuncSetMaxDynamicSmem(kernel, bytes);
+  if (e == gpuSuccess && bit) done.fetch_or(bit, std::memory_order_acq_rel);
+  return e;
+}
+
+// Loads 8 consecutive elements at p (aligned to 8 * sizeof(T)) as floats.
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float* f) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = reinterpret_cast<const float4*>(p)[0];
+    const float4 b = reinterpret_cast<const float4*>(p)[1];
+    f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+    f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+  } else if constexpr (sizeof(T) == 2) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    load_floats<T, 8>(reinterpret_cast<const T*>(&u), f);
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    load_floats<T, 8>(reinterpret_cast<const T*>(&u), f);
+  }
+}
+
+// Copies `bytes` (a multiple of vec) from src to dst with accesses of vec bytes.
+__device__ __forceinline__ void copy_unit(char* dst, const char* src, int vec) {
+  switch (vec) {
+    case 16: *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src); break;
+    case 8: *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src); break;
+    case 4: *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src); break;
+    case 2: *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src); break;
+    default: *dst = *src; break;
+  }
+}
+
+// Global -> shared copies that do not wait for the data: on CUDA (cp.async, sm_80+) the next
+// K/V chunk streams in while the current one is computed on; elsewhere a plain copy. kStages:
+// the K/V buffers the scalar kernel cycles through.
+#if defined(PA_HAS_CP_ASYNC)
+constexpr int kStages = 2;
+__device__ __forceinline__ void copy_unit_async(char* dst, const char* src, int vec) {
+  switch (vec) {
+    case 16: __pipeline_memcpy_async(dst, src, 16); break;
+    case 8: __pipeline_memcpy_async(dst, src, 8); break;
+    case 4: __pipeline_memcpy_async(dst, src, 4); break;
+    default: copy_unit(dst, src, vec); break;
+  }
+}
+__device__ __forceinline__ void async_commit() { __pipeline_commit(); }
+// Waits until at most `pending` of this thread's committed groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void async_wait() { __pipeline_wait_prior(pending); }
+#else
+constexpr int kStages = 1;
+__device__ __forceinline__ void copy_unit_async(char* dst, const char* src, int vec) {
+  copy_unit(dst, src, vec);
+}
+__device__ __forceinline__ void async_commit() {}
+template <int pending>
+__device__ __forceinline__ void async_wait() {}
+#endif
+
+// Loads 8 key/value elements (aligned when vec allows) and stores them as 8 T.
+template <typename T, typename KT>
+__device__ __forceinline__ void stage8(T* dst, const KT* src, bool aligned) {
+  float f[8];
+  if (aligned) {
+    load8<KT>(src, f);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = to_float(src[e]);
+  }
+  __align__(16) T o[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = from_float<T>(f[e]);
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(o);
+}
+
+}  // namespace pagedattn_gpu
+
+#endif  // PAGEDATTN_GPU_STAGING_CUH
