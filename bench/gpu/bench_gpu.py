@@ -9,11 +9,13 @@ than L2):
              the same with an fp8 e4m3 cache (tokens/s ratio)
   prefill    4 x 4096 causal, same heads, bf16: TFLOP/s vs SDPA's flash backend on contiguous
              tensors (ours reads the paged cache, block 16)
+  sizes      the decode and prefill at head sizes 64 and 256 and block size 64 (bf16)
   mixed      one 2048-token chunk (context 2048) + 63 decodes (context 4096) in one call vs the
              two parts as separate calls
 Each of ours is also checked against the PyTorch result (max |ours - torch| / max |torch|).
 pagedattn is driven through ctypes over libpagedattn.so (caches wrap torch memory in place).
-Prints a table last; --json writes every figure.
+Prints a table last; --json writes every figure. --profile CASE runs only that case's forward, a
+few times, for a profiler (scripts/gpu-check's profile phase runs ncu over it).
 """
 import argparse
 import ctypes as C
@@ -209,12 +211,98 @@ def options(lib, h, hkv, d):
     return o
 
 
+def decode_case(lib, be, gen, reps, H, HKV, D, BS, B, CTX, cdt, copy_bw):
+    """Decode of B sequences at context CTX: ours against gather + SDPA."""
+    scale = 1.0 / math.sqrt(D)
+    paged = Paged(lib, be, HKV, D, BS, [CTX] * B, cdt, gen)
+    batch = paged.batch(be, [1] * B, [CTX - 1] * B)
+    opts = options(lib, H, HKV, D)
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    t_ours, lo, hi = bench(lambda: forward(lib, be, batch, paged, opts, q, out), reps)
+    kv_bytes = 2 * B * CTX * HKV * D * paged.k.element_size() + 2 * q.numel() * 2
+    bw = kv_bytes / (t_ours * 1e-3)
+
+    def torch_decode():
+        k = paged.k[paged.block_table].to(torch.bfloat16).reshape(B, -1, HKV, D)[:, :CTX]
+        v = paged.v[paged.block_table].to(torch.bfloat16).reshape(B, -1, HKV, D)[:, :CTX]
+        return F.scaled_dot_product_attention(q.unsqueeze(2), k.transpose(1, 2),
+                                              v.transpose(1, 2), scale=scale, enable_gqa=True)
+    t_torch, _, _ = bench(torch_decode, reps)
+    err = rel_err(out, torch_decode().squeeze(2))
+    lib.l.pagedattn_batch_destroy(batch)
+    lib.l.pagedattn_kv_cache_destroy(paged.cache)
+    del paged
+    torch.cuda.empty_cache()
+    return {"ours_ms": t_ours, "ours_min_ms": lo, "ours_max_ms": hi, "torch_ms": t_torch,
+            "kv_GBps": bw / 1e9, "frac_copy_bw": bw / copy_bw, "speedup_vs_torch": t_torch / t_ours,
+            "rel_err": err}
+
+
+def prefill_case(lib, be, gen, reps, H, HKV, D, BS, gemm, NS=4, S=4096):
+    """Causal prefill of NS x S new tokens: ours (paged, block BS) against SDPA's flash backend on
+    contiguous tensors."""
+    scale = 1.0 / math.sqrt(D)
+    paged = Paged(lib, be, HKV, D, BS, [S] * NS, DT_BF16, gen)
+    batch = paged.batch(be, [S] * NS, [0] * NS)
+    opts = options(lib, H, HKV, D)
+    q = torch.randn(NS * S, H, D, device="cuda", dtype=torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    t_ours, _, _ = bench(lambda: forward(lib, be, batch, paged, opts, q, out), max(3, reps // 4), 1, 1)
+    flops = NS * 4 * H * D * (S * (S + 1) / 2)
+    kk = torch.stack([paged.gathered(i, S)[0] for i in range(NS)]).repeat_interleave(H // HKV, 1)
+    vv = torch.stack([paged.gathered(i, S)[1] for i in range(NS)]).repeat_interleave(H // HKV, 1)
+    qq = q.reshape(NS, S, H, D).transpose(1, 2).contiguous()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        ref_fn = lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale)
+        t_flash, _, _ = bench(ref_fn, reps, inner=2)
+        ref = ref_fn()
+    err = rel_err(out.reshape(NS, S, H, D).transpose(1, 2), ref)
+    lib.l.pagedattn_batch_destroy(batch)
+    lib.l.pagedattn_kv_cache_destroy(paged.cache)
+    del paged, kk, vv, qq
+    torch.cuda.empty_cache()
+    return {"ours_ms": t_ours, "flash_ms": t_flash, "ours_TFLOPs": flops / t_ours / 1e9,
+            "flash_TFLOPs": flops / t_flash / 1e9, "ratio": t_flash / t_ours,
+            "frac_gemm": flops / t_ours / 1e-3 / gemm, "rel_err": err}
+
+
+def profile(lib, be, case):
+    """Runs one case's forward a few times and nothing else, for a profiler (ncu) to pick the
+    kernel: decode (b64 x 4096, bf16 or fp8 e4m3 cache) or prefill (4 x 4096 causal)."""
+    H, HKV, D, BS = 32, 8, 128, 16
+    gen = torch.Generator().manual_seed(4321)
+    if case == "prefill":
+        paged = Paged(lib, be, HKV, D, BS, [4096] * 4, DT_BF16, gen)
+        batch = paged.batch(be, [4096] * 4, [0] * 4)
+        q = torch.randn(4 * 4096, H, D, device="cuda", dtype=torch.bfloat16)
+    else:
+        cdt = DT_E4M3 if case == "decode_fp8" else DT_BF16
+        paged = Paged(lib, be, HKV, D, BS, [4096] * 64, cdt, gen)
+        batch = paged.batch(be, [1] * 64, [4095] * 64)
+        q = torch.randn(64, H, D, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    opts = options(lib, H, HKV, D)
+    for _ in range(3):
+        forward(lib, be, batch, paged, opts, q, out)
+    torch.cuda.synchronize()
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lib", default=os.path.join("build-gpucheck", "lib", "libpagedattn.so"))
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--profile", choices=("decode", "decode_fp8", "prefill"), default=None,
+                    help="only run that case's forward 3 times (for ncu), no baselines")
     args = ap.parse_args()
+    if args.profile:
+        lib = Lib(args.lib)
+        be = C.c_void_p()
+        lib.check(lib.l.pagedattn_backend_create(C.byref(be), b"cuda", None), "backend_create")
+        return profile(lib, be, args.profile)
     reps = 5 if args.quick else 20
     torch.manual_seed(1234)
     gen = torch.Generator().manual_seed(4321)
@@ -243,71 +331,45 @@ def main():
     be = C.c_void_p()
     lib.check(lib.l.pagedattn_backend_create(C.byref(be), b"cuda", None), "backend_create cuda")
     H, HKV, D, BS = 32, 8, 128, 16
-    scale = 1.0 / math.sqrt(D)
+    B, CTX = 64, 4096
 
     # ---- decode ----
-    B, CTX = 64, 4096
     rows = []
     dec = {}
     for name, cdt in (("bf16", DT_BF16), ("fp8_e4m3", DT_E4M3)):
-        paged = Paged(lib, be, HKV, D, BS, [CTX] * B, cdt, gen)
-        batch = paged.batch(be, [1] * B, [CTX - 1] * B)
-        opts = options(lib, H, HKV, D)
-        q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
-        out = torch.full_like(q, float("nan"))
-        t_ours, lo, hi = bench(lambda: forward(lib, be, batch, paged, opts, q, out), reps)
-        kv_bytes = 2 * B * CTX * HKV * D * paged.k.element_size() + 2 * q.numel() * 2
-        bw = kv_bytes / (t_ours * 1e-3)
-
-        def torch_decode():
-            k = paged.k[paged.block_table].to(torch.bfloat16).reshape(B, -1, HKV, D)[:, :CTX]
-            v = paged.v[paged.block_table].to(torch.bfloat16).reshape(B, -1, HKV, D)[:, :CTX]
-            return F.scaled_dot_product_attention(q.unsqueeze(2), k.transpose(1, 2),
-                                                  v.transpose(1, 2), scale=scale, enable_gqa=True)
-        t_torch, _, _ = bench(torch_decode, reps)
-        err = rel_err(out, torch_decode().squeeze(2))
-        dec[name] = t_ours
-        res["decode_" + name] = {"ours_ms": t_ours, "ours_min_ms": lo, "ours_max_ms": hi,
-                                 "torch_ms": t_torch, "kv_GBps": bw / 1e9,
-                                 "frac_copy_bw": bw / copy_bw, "speedup_vs_torch": t_torch / t_ours,
-                                 "rel_err": err}
-        rows.append(("decode b64 ctx4096 " + name, "%.3f ms" % t_ours, "%.3f ms" % t_torch,
-                     "%.0f GB/s = %.0f%% of copy" % (bw / 1e9, 100 * bw / copy_bw),
-                     "%.2fx" % (t_torch / t_ours), "%.1e" % err))
-        lib.l.pagedattn_batch_destroy(batch)
-        lib.l.pagedattn_kv_cache_destroy(paged.cache)
-        del paged
-        torch.cuda.empty_cache()
+        r = decode_case(lib, be, gen, reps, H, HKV, D, BS, B, CTX, cdt, copy_bw)
+        dec[name] = r["ours_ms"]
+        res["decode_" + name] = r
+        rows.append(("decode b64 ctx4096 " + name, "%.3f ms" % r["ours_ms"],
+                     "%.3f ms" % r["torch_ms"],
+                     "%.0f GB/s = %.0f%% of copy" % (r["kv_GBps"], 100 * r["frac_copy_bw"]),
+                     "%.2fx" % r["speedup_vs_torch"], "%.1e" % r["rel_err"]))
     res["fp8_vs_bf16_tokens_per_s"] = dec["bf16"] / dec["fp8_e4m3"]
 
     # ---- prefill 4 x 4096 causal ----
-    NS, S = 4, 4096
-    paged = Paged(lib, be, HKV, D, BS, [S] * NS, DT_BF16, gen)
-    batch = paged.batch(be, [S] * NS, [0] * NS)
+    r = prefill_case(lib, be, gen, reps, H, HKV, D, BS, gemm)
+    res["prefill"] = r
+    rows.append(("prefill 4x4096 causal bf16", "%.2f ms" % r["ours_ms"],
+                 "%.2f ms (flash)" % r["flash_ms"],
+                 "%.0f vs %.0f TFLOP/s" % (r["ours_TFLOPs"], r["flash_TFLOPs"]),
+                 "%.2fx" % r["ratio"], "%.1e" % r["rel_err"]))
+
+    # ---- other head and block sizes (bf16; the same shapes otherwise) ----
+    for d, bs in ((64, 16), (64, 64), (128, 64), (256, 16), (256, 64)):
+        r = decode_case(lib, be, gen, reps, H, HKV, d, bs, B, CTX, DT_BF16, copy_bw)
+        res["decode_bf16_d%d_bs%d" % (d, bs)] = r
+        rows.append(("decode D%d block %d" % (d, bs), "%.3f ms" % r["ours_ms"],
+                     "%.3f ms" % r["torch_ms"],
+                     "%.0f GB/s = %.0f%% of copy" % (r["kv_GBps"], 100 * r["frac_copy_bw"]),
+                     "%.2fx" % r["speedup_vs_torch"], "%.1e" % r["rel_err"]))
+        r = prefill_case(lib, be, gen, reps, H, HKV, d, bs, gemm)
+        res["prefill_d%d_bs%d" % (d, bs)] = r
+        rows.append(("prefill D%d block %d" % (d, bs), "%.2f ms" % r["ours_ms"],
+                     "%.2f ms (flash)" % r["flash_ms"],
+                     "%.0f vs %.0f TFLOP/s" % (r["ours_TFLOPs"], r["flash_TFLOPs"]),
+                     "%.2fx" % r["ratio"], "%.1e" % r["rel_err"]))
+    scale = 1.0 / math.sqrt(D)
     opts = options(lib, H, HKV, D)
-    q = torch.randn(NS * S, H, D, device="cuda", dtype=torch.bfloat16)
-    out = torch.full_like(q, float("nan"))
-    t_ours, _, _ = bench(lambda: forward(lib, be, batch, paged, opts, q, out), max(3, reps // 4), 1, 1)
-    flops = NS * 4 * H * D * (S * (S + 1) / 2)
-    kk = torch.stack([paged.gathered(i, S)[0] for i in range(NS)]).repeat_interleave(H // HKV, 1)
-    vv = torch.stack([paged.gathered(i, S)[1] for i in range(NS)]).repeat_interleave(H // HKV, 1)
-    qq = q.reshape(NS, S, H, D).transpose(1, 2).contiguous()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        ref_fn = lambda: F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, scale=scale)
-        t_flash, _, _ = bench(ref_fn, reps, inner=2)
-        ref = ref_fn()
-    err = rel_err(out.reshape(NS, S, H, D).transpose(1, 2), ref)
-    res["prefill"] = {"ours_ms": t_ours, "flash_ms": t_flash, "ours_TFLOPs": flops / t_ours / 1e9,
-                      "flash_TFLOPs": flops / t_flash / 1e9, "ratio": t_flash / t_ours,
-                      "frac_gemm": flops / t_ours / 1e-3 / gemm, "rel_err": err}
-    rows.append(("prefill 4x4096 causal bf16", "%.2f ms" % t_ours, "%.2f ms (flash)" % t_flash,
-                 "%.0f vs %.0f TFLOP/s" % (flops / t_ours / 1e9, flops / t_flash / 1e9),
-                 "%.2fx" % (t_flash / t_ours), "%.1e" % err))
-    lib.l.pagedattn_batch_destroy(batch)
-    lib.l.pagedattn_kv_cache_destroy(paged.cache)
-    del paged, kk, vv, qq
-    torch.cuda.empty_cache()
 
     # ---- mixed: a 2048-token chunk (context 2048) + 63 decodes (context 4096) ----
     CH, CCTX, ND = 2048, 2048, 63
