@@ -12,6 +12,7 @@
 #define PAGEDATTN_GPU_PREFILL_MMA_CUH
 
 #include <stdint.h>
+#include <string.h>
 
 #include <atomic>
 #include <type_traits>
@@ -63,37 +64,64 @@ __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], const 
 }
 
 // Stages keys [c0, c0 + nk) of the CTA's KV head into ks/vs as T (rows of kLd elements), zero
-// beyond the head size and beyond nk. A cache of type T is copied asynchronously; the caller
-// commits and waits.
+// beyond the head size and beyond nk. A cache of type T is copied asynchronously (the caller
+// commits and waits); an fp8 one is loaded whole into registers, then converted, so the thread's
+// loads are all in flight at once rather than each waiting for the one before.
 template <typename T, typename KT, int DMAX>
 __device__ __forceinline__ void stage_kv(const AttnParams& p, const CtaWork& w, T* ks, T* vs,
                                          int c0, int nk, bool aligned) {
   using L = PrefillMmaLayout<DMAX>;
-  constexpr int G = L::kDP / 8;  // 16-byte groups of a staged row
+  constexpr int G = L::kDP / 8;  // 8-element groups of a staged row
+  constexpr int kIters = (L::kChunk * G + L::kNT - 1) / L::kNT;
   const int D = p.head_size;
-  for (int i = threadIdx.x; i < L::kChunk * G; i += L::kNT) {
-    const int key = i / G, d0 = (i % G) * 8;
-    T* kd = ks + key * L::kLd + d0;
-    T* vd = vs + key * L::kLd + d0;
-    if (key < nk && d0 < D) {
-      int64_t koff, voff;
-      key_offsets(p, w.seq, w.kvh, c0 + key, &koff, &voff);
-      const KT* kp = static_cast<const KT*>(p.kv.k) + koff + d0;
-      const KT* vp = static_cast<const KT*>(p.kv.v) + voff + d0;
-      if constexpr (std::is_same<KT, T>::value) {
+  if constexpr (std::is_same<KT, T>::value) {
+    for (int i = threadIdx.x; i < L::kChunk * G; i += L::kNT) {
+      const int key = i / G, d0 = (i % G) * 8;
+      T* kd = ks + key * L::kLd + d0;
+      T* vd = vs + key * L::kLd + d0;
+      if (key < nk && d0 < D) {
+        int64_t koff, voff;
+        key_offsets(p, w.seq, w.kvh, c0 + key, &koff, &voff);
+        const char* kp = reinterpret_cast<const char*>(static_cast<const KT*>(p.kv.k) + koff + d0);
+        const char* vp = reinterpret_cast<const char*>(static_cast<const KT*>(p.kv.v) + voff + d0);
         for (int b = 0; b < 16; b += p.kv.vec) {
-          copy_unit_async(reinterpret_cast<char*>(kd) + b, reinterpret_cast<const char*>(kp) + b,
-                          p.kv.vec);
-          copy_unit_async(reinterpret_cast<char*>(vd) + b, reinterpret_cast<const char*>(vp) + b,
-                          p.kv.vec);
+          copy_unit_async(reinterpret_cast<char*>(kd) + b, kp + b, p.kv.vec);
+          copy_unit_async(reinterpret_cast<char*>(vd) + b, vp + b, p.kv.vec);
         }
       } else {
-        stage8<T, KT>(kd, kp, aligned);
-        stage8<T, KT>(vd, vp, aligned);
+        *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
       }
-    } else {
-      *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    static_assert(sizeof(KT) == 1, "caches of another type than the queries' are fp8");
+    uint2 kr[kIters], vr[kIters];  // 8 fp8 elements each; zero where nothing is staged
+#pragma unroll
+    for (int n = 0; n < kIters; ++n) {
+      const int i = threadIdx.x + n * L::kNT;
+      const int key = i / G, d0 = (i % G) * 8;
+      kr[n] = vr[n] = make_uint2(0, 0);
+      if (i < L::kChunk * G && key < nk && d0 < D) {
+        int64_t koff, voff;
+        key_offsets(p, w.seq, w.kvh, c0 + key, &koff, &voff);
+        const KT* kp = static_cast<const KT*>(p.kv.k) + koff + d0;
+        const KT* vp = static_cast<const KT*>(p.kv.v) + voff + d0;
+        if (aligned) {
+          kr[n] = *reinterpret_cast<const uint2*>(kp);
+          vr[n] = *reinterpret_cast<const uint2*>(vp);
+        } else {
+          memcpy(&kr[n], kp, 8);
+          memcpy(&vr[n], vp, 8);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kIters; ++n) {
+      const int i = threadIdx.x + n * L::kNT;
+      if (i >= L::kChunk * G) break;
+      const int key = i / G, d0 = (i % G) * 8;
+      stage8<T, KT>(ks + key * L::kLd + d0, reinterpret_cast<const KT*>(&kr[n]), true);
+      stage8<T, KT>(vs + key * L::kLd + d0, reinterpret_cast<const KT*>(&vr[n]), true);
     }
   }
 }
