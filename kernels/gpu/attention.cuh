@@ -14,8 +14,8 @@
 #include <atomic>
 
 #include "gpu_kernels.h"
+#include "attention_mma.cuh"
 #include "instantiations.h"
-#include "prefill_mma.cuh"
 #include "staging.cuh"
 #include "types.cuh"
 #include "variant.cuh"
@@ -312,10 +312,10 @@ gpuError_t launch_attention_scalar(int32_t max_items, const AttnParams& p, gpuSt
 template <typename T, typename KT, int DMAX, bool DECODE>
 gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
 #if defined(PA_HAS_MMA_SYNC)
-  // Prefill tiles of 16-bit queries go to the tensor cores; the discarded branch keeps the scalar
-  // kernel of those tiles, which would never launch, out of the build.
-  if constexpr (!DECODE && sizeof(T) == 2) {
-    return launch_prefill_mma<T, KT, DMAX>(max_items, p, stream);
+  // Tiles of 16-bit queries go to the tensor cores (prefill: 4 warps, decode: 1); the discarded
+  // branch keeps the scalar kernel of those tiles, which would never launch, out of the build.
+  if constexpr (sizeof(T) == 2) {
+    return launch_attention_mma<T, KT, DMAX, DECODE ? 1 : 4>(max_items, p, stream);
   } else {
     return launch_attention_scalar<T, KT, DMAX, DECODE>(max_items, p, stream);
   }
@@ -328,7 +328,7 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
 template <typename T, typename KT, int DMAX, bool DECODE>
 constexpr size_t attention_tile_bytes() {
 #if defined(PA_HAS_MMA_SYNC)
-  if constexpr (!DECODE && sizeof(T) == 2) return PrefillMmaLayout<DMAX>::kBytes;
+  if constexpr (sizeof(T) == 2) return MmaLayout<DMAX, DECODE ? 1 : 4>::kBytes;
 #endif
   return ScalarTile<KT, DMAX, DECODE>::kBytes;
 }

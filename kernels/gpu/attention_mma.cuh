@@ -1,15 +1,17 @@
-// prefill_mma.cuh — prefill tiles of 16-bit queries on tensor cores, FlashAttention-2 style:
-// mma.sync m16n8k16 with S, P and O in registers. The CTA's 64 rows (tile tokens x the query
-// heads of one GQA group, as in attention_kernel) are 4 warps of 16; each warp keeps its rows'
-// scores, weights, output accumulators and online-softmax state in registers, so shared memory
-// holds only Q and two stages of K/V (cp.async brings chunk n+1 while chunk n is computed on).
-// K and V arrive as the query type: a cache of that type is copied as it is, an fp8 cache is
-// converted on the way in.
+// attention_mma.cuh — decode and prefill tiles of 16-bit queries on tensor cores,
+// FlashAttention-2 style: mma.sync m16n8k16 with S, P and O in registers. A CTA's rows (tile
+// tokens x the query heads of one GQA group, as in attention_kernel) are WARPS warps of 16 rows:
+// 4 for prefill tiles (64 rows), 1 for decode (one token's heads of the group, up to 8, padded
+// to 16). Each warp keeps its rows' scores, weights, output accumulators and online-softmax
+// state in registers, so shared memory holds only Q and two stages of K/V (cp.async brings chunk
+// n+1 while chunk n is computed on). K and V arrive as the query type: a cache of that type is
+// copied as it is, an fp8 cache is converted on the way in, once per element for the whole
+// group. Split-KV decode items write float32 partials for split_merge_kernel.
 //
 // Only where PA_HAS_MMA_SYNC is defined (CUDA sm_80+ and the emulator's CUDA configuration);
 // attention.cuh's launch_attention_one sends those tiles here.
-#ifndef PAGEDATTN_GPU_PREFILL_MMA_CUH
-#define PAGEDATTN_GPU_PREFILL_MMA_CUH
+#ifndef PAGEDATTN_GPU_ATTENTION_MMA_CUH
+#define PAGEDATTN_GPU_ATTENTION_MMA_CUH
 
 #include <stdint.h>
 #include <string.h>
@@ -28,12 +30,13 @@
 
 namespace pagedattn_gpu {
 
-template <int DMAX>
-struct PrefillMmaLayout {
-  static constexpr int kR = kPrefillRows;                // 64 rows, 16 per warp
-  static constexpr int kWarps = kR / 16;
-  static constexpr int kNT = kWarps * 32;
-  static constexpr int kChunk = DMAX <= 128 ? 64 : 32;   // keys per stage
+template <int DMAX, int WARPS>
+struct MmaLayout {
+  static constexpr int kR = WARPS * 16;                  // rows, 16 per warp
+  static constexpr int kNT = WARPS * 32;
+  // Keys per stage: a decode CTA (one warp) stages half as many, so that twice as many CTAs fit
+  // an SM and more chunks are in flight.
+  static constexpr int kChunk = (DMAX <= 128 ? 64 : 32) / (WARPS == 1 ? 2 : 1);
   static constexpr int kDP = ((DMAX + 15) / 16) * 16;    // staged head size (zero padded)
   // Elements per staged row: 16 bytes of padding put the 8 rows an ldmatrix reads in distinct
   // bank groups (and keep every row 16-byte aligned, as ldmatrix needs).
@@ -65,24 +68,44 @@ __device__ __forceinline__ void mma16816(float d[4], const uint32_t a[4], const 
 
 // Stages keys [c0, c0 + nk) of the CTA's KV head into ks/vs as T (rows of kLd elements), zero
 // beyond the head size and beyond nk. A cache of type T is copied asynchronously (the caller
-// commits and waits); an fp8 one is loaded whole into registers, then converted, so the thread's
-// loads are all in flight at once rather than each waiting for the one before.
-template <typename T, typename KT, int DMAX>
+// commits and waits); an fp8 one is loaded into registers 8 groups at a time, then converted, so
+// those loads are in flight at once rather than each waiting for the one before.
+template <typename T, typename KT, int DMAX, int WARPS>
 __device__ __forceinline__ void stage_kv(const AttnParams& p, const CtaWork& w, T* ks, T* vs,
                                          int c0, int nk, bool aligned) {
-  using L = PrefillMmaLayout<DMAX>;
+  using L = MmaLayout<DMAX, WARPS>;
   constexpr int G = L::kDP / 8;  // 8-element groups of a staged row
   constexpr int kIters = (L::kChunk * G + L::kNT - 1) / L::kNT;
   const int D = p.head_size;
   if constexpr (std::is_same<KT, T>::value) {
-    for (int i = threadIdx.x; i < L::kChunk * G; i += L::kNT) {
+    // Where each group's rows are first (the block-table reads all in flight together), then
+    // the copies: a copy waiting on its own table read would serialise their latencies.
+    int64_t koff[kIters];
+#pragma unroll
+    for (int n = 0; n < kIters; ++n) {
+      const int i = threadIdx.x + n * L::kNT;
+      const int key = i / G, d0 = (i % G) * 8;
+      koff[n] = -1;
+      if (i < L::kChunk * G && key < nk && d0 < D) {
+        int64_t voff;
+        key_offsets(p, w.seq, w.kvh, c0 + key, &koff[n], &voff);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kIters; ++n) {
+      const int i = threadIdx.x + n * L::kNT;
+      if (i >= L::kChunk * G) break;
       const int key = i / G, d0 = (i % G) * 8;
       T* kd = ks + key * L::kLd + d0;
       T* vd = vs + key * L::kLd + d0;
-      if (key < nk && d0 < D) {
-        int64_t koff, voff;
-        key_offsets(p, w.seq, w.kvh, c0 + key, &koff, &voff);
-        const char* kp = reinterpret_cast<const char*>(static_cast<const KT*>(p.kv.k) + koff + d0);
+      if (koff[n] >= 0) {
+        int64_t voff = koff[n];  // paged: V's row is at K's offset in its own buffer
+        if (!p.kv.paged) {
+          int64_t k_unused;
+          key_offsets(p, w.seq, w.kvh, c0 + key, &k_unused, &voff);
+        }
+        const char* kp =
+            reinterpret_cast<const char*>(static_cast<const KT*>(p.kv.k) + koff[n] + d0);
         const char* vp = reinterpret_cast<const char*>(static_cast<const KT*>(p.kv.v) + voff + d0);
         for (int b = 0; b < 16; b += p.kv.vec) {
           copy_unit_async(reinterpret_cast<char*>(kd) + b, kp + b, p.kv.vec);
@@ -95,41 +118,47 @@ __device__ __forceinline__ void stage_kv(const AttnParams& p, const CtaWork& w, 
     }
   } else {
     static_assert(sizeof(KT) == 1, "caches of another type than the queries' are fp8");
-    uint2 kr[kIters], vr[kIters];  // 8 fp8 elements each; zero where nothing is staged
+    constexpr int kBatch = kIters < 8 ? kIters : 8;  // groups in registers at once
+#pragma unroll 1
+    for (int n0 = 0; n0 < kIters; n0 += kBatch) {
+      uint2 kr[kBatch], vr[kBatch];  // 8 fp8 elements each; zero where nothing is staged
 #pragma unroll
-    for (int n = 0; n < kIters; ++n) {
-      const int i = threadIdx.x + n * L::kNT;
-      const int key = i / G, d0 = (i % G) * 8;
-      kr[n] = vr[n] = make_uint2(0, 0);
-      if (i < L::kChunk * G && key < nk && d0 < D) {
-        int64_t koff, voff;
-        key_offsets(p, w.seq, w.kvh, c0 + key, &koff, &voff);
-        const KT* kp = static_cast<const KT*>(p.kv.k) + koff + d0;
-        const KT* vp = static_cast<const KT*>(p.kv.v) + voff + d0;
-        if (aligned) {
-          kr[n] = *reinterpret_cast<const uint2*>(kp);
-          vr[n] = *reinterpret_cast<const uint2*>(vp);
-        } else {
-          memcpy(&kr[n], kp, 8);
-          memcpy(&vr[n], vp, 8);
+      for (int n = 0; n < kBatch; ++n) {
+        const int i = threadIdx.x + (n0 + n) * L::kNT;
+        const int key = i / G, d0 = (i % G) * 8;
+        kr[n] = vr[n] = make_uint2(0, 0);
+        if (i < L::kChunk * G && key < nk && d0 < D) {
+          int64_t koff, voff;
+          key_offsets(p, w.seq, w.kvh, c0 + key, &koff, &voff);
+          const KT* kp = static_cast<const KT*>(p.kv.k) + koff + d0;
+          const KT* vp = static_cast<const KT*>(p.kv.v) + voff + d0;
+          if (aligned) {
+            kr[n] = *reinterpret_cast<const uint2*>(kp);
+            vr[n] = *reinterpret_cast<const uint2*>(vp);
+          } else {
+            memcpy(&kr[n], kp, 8);
+            memcpy(&vr[n], vp, 8);
+          }
         }
       }
-    }
 #pragma unroll
-    for (int n = 0; n < kIters; ++n) {
-      const int i = threadIdx.x + n * L::kNT;
-      if (i >= L::kChunk * G) break;
-      const int key = i / G, d0 = (i % G) * 8;
-      stage8<T, KT>(ks + key * L::kLd + d0, reinterpret_cast<const KT*>(&kr[n]), true);
-      stage8<T, KT>(vs + key * L::kLd + d0, reinterpret_cast<const KT*>(&vr[n]), true);
+      for (int n = 0; n < kBatch; ++n) {
+        const int i = threadIdx.x + (n0 + n) * L::kNT;
+        if (i >= L::kChunk * G) break;
+        const int key = i / G, d0 = (i % G) * 8;
+        stage8<T, KT>(ks + key * L::kLd + d0, reinterpret_cast<const KT*>(&kr[n]), true);
+        stage8<T, KT>(vs + key * L::kLd + d0, reinterpret_cast<const KT*>(&vr[n]), true);
+      }
     }
   }
 }
 
-template <typename T, typename KT, int DMAX>
-__global__ void __launch_bounds__(PrefillMmaLayout<DMAX>::kNT)
-    prefill_mma_kernel(const AttnParams p) {
-  using L = PrefillMmaLayout<DMAX>;
+// Resident CTAs per SM the shared memory allows (2 prefill, 4+ decode), told to ptxas so that it
+// sizes registers for them rather than for more.
+template <typename T, typename KT, int DMAX, int WARPS>
+__global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 2)
+    attention_mma_kernel(const AttnParams p) {
+  using L = MmaLayout<DMAX, WARPS>;
   constexpr int R = L::kR, NT = L::kNT, CHUNK = L::kChunk, DP = L::kDP, LD = L::kLd;
   constexpr int NS = CHUNK / 8;  // score n-tiles of a warp's 16 rows
   constexpr int NO = DP / 8;     // output n-tiles
@@ -138,11 +167,11 @@ __global__ void __launch_bounds__(PrefillMmaLayout<DMAX>::kNT)
   if (static_cast<int32_t>(blockIdx.x) >= *p.num_items) return;
   const WorkItem it = p.items[blockIdx.x];
 
-  PA_DYNAMIC_SHARED(128, prefill_smem);
-  T* qs = reinterpret_cast<T*>(prefill_smem + L::kQ);
+  PA_DYNAMIC_SHARED(128, mma_smem);
+  T* qs = reinterpret_cast<T*>(mma_smem + L::kQ);
   // Stage s: K at stage_k(s), V CHUNK rows after it (computed, not indexed: no local memory).
   auto stage_k = [&](int s) {
-    return reinterpret_cast<T*>(prefill_smem + L::kStage0 + s * L::kStageBytes);
+    return reinterpret_cast<T*>(mma_smem + L::kStage0 + s * L::kStageBytes);
   };
 
   const int tid = threadIdx.x;
@@ -190,7 +219,7 @@ __global__ void __launch_bounds__(PrefillMmaLayout<DMAX>::kNT)
   const bool aligned = p.kv.vec >= static_cast<int>(8 * sizeof(KT)) || p.kv.vec == 16;
   const int nchunks = hi > lo ? (hi - lo + CHUNK - 1) / CHUNK : 0;
   if (nchunks > 0) {
-    stage_kv<T, KT, DMAX>(p, w, stage_k(0), stage_k(0) + CHUNK * LD, lo, min(CHUNK, hi - lo),
+    stage_kv<T, KT, DMAX, WARPS>(p, w, stage_k(0), stage_k(0) + CHUNK * LD, lo, min(CHUNK, hi - lo),
                           aligned);
     async_commit();
   }
@@ -199,7 +228,7 @@ __global__ void __launch_bounds__(PrefillMmaLayout<DMAX>::kNT)
     if (c + 1 < nchunks) {  // the next chunk streams in while this one is computed on
       const int n0 = c0 + CHUNK;
       T* kn = stage_k((c + 1) & 1);
-      stage_kv<T, KT, DMAX>(p, w, kn, kn + CHUNK * LD, n0, min(CHUNK, hi - n0), aligned);
+      stage_kv<T, KT, DMAX, WARPS>(p, w, kn, kn + CHUNK * LD, n0, min(CHUNK, hi - n0), aligned);
       async_commit();
       async_wait<1>();
     } else {
@@ -300,28 +329,42 @@ __global__ void __launch_bounds__(PrefillMmaLayout<DMAX>::kNT)
     if (!valid[hr]) continue;
     const bool poisoned = max_poisoned(m[hr]);
     const float inv = p.v_scale / l[hr];
-    T* out = static_cast<T*>(p.out) + static_cast<int64_t>(qrow[hr]) * p.o_row +
-             static_cast<int64_t>(head[hr]) * p.o_head;
+    const float lse = poisoned ? NAN : (l[hr] > 0.f ? m[hr] + logf(l[hr]) : -INFINITY);
+    if (it.part < 0) {
+      T* out = static_cast<T*>(p.out) + static_cast<int64_t>(qrow[hr]) * p.o_row +
+               static_cast<int64_t>(head[hr]) * p.o_head;
 #pragma unroll
-    for (int n = 0; n < NO; ++n) {
+      for (int n = 0; n < NO; ++n) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int d = n * 8 + 2 * t4 + e;
-        if (d < D)
-          out[d] = from_float<T>(poisoned ? NAN : l[hr] > 0.f ? o[n][2 * hr + e] * inv : 0.f);
+        for (int e = 0; e < 2; ++e) {
+          const int d = n * 8 + 2 * t4 + e;
+          if (d < D)
+            out[d] = from_float<T>(poisoned ? NAN : l[hr] > 0.f ? o[n][2 * hr + e] * inv : 0.f);
+        }
       }
+      if (t4 == 0 && p.lse)
+        p.lse[static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head] = lse;
+    } else {  // a split-KV partial: normalised rows and their log-sum-exp, merged later
+      float* out = p.part_o + (static_cast<int64_t>(it.part) * p.num_heads + head[hr]) * D;
+#pragma unroll
+      for (int n = 0; n < NO; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int d = n * 8 + 2 * t4 + e;
+          if (d < D) out[d] = poisoned ? NAN : l[hr] > 0.f ? o[n][2 * hr + e] * inv : 0.f;
+        }
+      }
+      if (t4 == 0) p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + head[hr]] = lse;
     }
-    if (t4 == 0 && p.lse)
-      p.lse[static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head] =
-          poisoned ? NAN : (l[hr] > 0.f ? m[hr] + logf(l[hr]) : -INFINITY);
   }
 }
 
-template <typename T, typename KT, int DMAX>
-gpuError_t launch_prefill_mma(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
-  using L = PrefillMmaLayout<DMAX>;
+template <typename T, typename KT, int DMAX, int WARPS>
+gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
+  using L = MmaLayout<DMAX, WARPS>;
   static_assert(L::kBytes <= 163 * 1024, "tile exceeds the shared memory of sm_80");
-  auto kernel = prefill_mma_kernel<T, KT, DMAX>;
+  static_assert((WARPS == 1 ? kDecodeRows : kPrefillRows) <= L::kR, "a tile's rows must fit");
+  auto kernel = attention_mma_kernel<T, KT, DMAX, WARPS>;
   if (L::kBytes > 48 * 1024) {
     static std::atomic<uint64_t> smem_set{0};
     const gpuError_t attr = raise_smem_limit(kernel, static_cast<int>(L::kBytes), smem_set);
@@ -337,4 +380,4 @@ gpuError_t launch_prefill_mma(int32_t max_items, const AttnParams& p, gpuStream_
 
 #endif  // PA_HAS_MMA_SYNC
 
-#endif  // PAGEDATTN_GPU_PREFILL_MMA_CUH
+#endif  // PAGEDATTN_GPU_ATTENTION_MMA_CUH
