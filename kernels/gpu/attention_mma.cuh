@@ -146,8 +146,8 @@ __device__ __forceinline__ void stage_kv(const AttnParams& p, const CtaWork& w, 
         const int i = threadIdx.x + (n0 + n) * L::kNT;
         if (i >= L::kChunk * G) break;
         const int key = i / G, d0 = (i % G) * 8;
-        stage8<T, KT>(ks + key * L::kLd + d0, reinterpret_cast<const KT*>(&kr[n]), true);
-        stage8<T, KT>(vs + key * L::kLd + d0, reinterpret_cast<const KT*>(&vr[n]), true);
+        stage8<T, KT>(ks + key * L::kLd + d0, reinterpret_cast<const KT*>(&kr[n]));
+        stage8<T, KT>(vs + key * L::kLd + d0, reinterpret_cast<const KT*>(&vr[n]));
       }
     }
   }
@@ -330,32 +330,33 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
     const bool poisoned = max_poisoned(m[hr]);
     const float inv = p.v_scale / l[hr];
     const float lse = poisoned ? NAN : (l[hr] > 0.f ? m[hr] + logf(l[hr]) : -INFINITY);
-    if (it.part < 0) {
-      T* out = static_cast<T*>(p.out) + static_cast<int64_t>(qrow[hr]) * p.o_row +
-               static_cast<int64_t>(head[hr]) * p.o_head;
+    // The output row, or for a split-KV part its float32 partial (normalised, merged later).
+    const bool whole = it.part < 0;
+    T* out = nullptr;
+    float* part = nullptr;
+    if (whole)
+      out = static_cast<T*>(p.out) + static_cast<int64_t>(qrow[hr]) * p.o_row +
+            static_cast<int64_t>(head[hr]) * p.o_head;
+    else
+      part = p.part_o + (static_cast<int64_t>(it.part) * p.num_heads + head[hr]) * D;
 #pragma unroll
-      for (int n = 0; n < NO; ++n) {
+    for (int n = 0; n < NO; ++n) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int d = n * 8 + 2 * t4 + e;
-          if (d < D)
-            out[d] = from_float<T>(poisoned ? NAN : l[hr] > 0.f ? o[n][2 * hr + e] * inv : 0.f);
-        }
+      for (int e = 0; e < 2; ++e) {
+        const int d = n * 8 + 2 * t4 + e;
+        if (d >= D) continue;
+        const float x = poisoned ? NAN : l[hr] > 0.f ? o[n][2 * hr + e] * inv : 0.f;
+        if (whole)
+          out[d] = from_float<T>(x);
+        else
+          part[d] = x;
       }
-      if (t4 == 0 && p.lse)
-        p.lse[static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head] = lse;
-    } else {  // a split-KV partial: normalised rows and their log-sum-exp, merged later
-      float* out = p.part_o + (static_cast<int64_t>(it.part) * p.num_heads + head[hr]) * D;
-#pragma unroll
-      for (int n = 0; n < NO; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int d = n * 8 + 2 * t4 + e;
-          if (d < D) out[d] = poisoned ? NAN : l[hr] > 0.f ? o[n][2 * hr + e] * inv : 0.f;
-        }
-      }
-      if (t4 == 0) p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + head[hr]] = lse;
     }
+    if (t4 != 0) continue;
+    if (!whole)
+      p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + head[hr]] = lse;
+    else if (p.lse)
+      p.lse[static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head] = lse;
   }
 }
 

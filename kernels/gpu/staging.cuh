@@ -88,16 +88,12 @@ template <int pending>
 __device__ __forceinline__ void async_wait() {}
 #endif
 
-// Loads 8 key/value elements (aligned when vec allows) and stores them as 8 T.
+// Converts 8 key/value elements at src (aligned to 8 * sizeof(KT): a register copy of the raw
+// bytes) to T and stores them at dst (16-byte aligned).
 template <typename T, typename KT>
-__device__ __forceinline__ void stage8(T* dst, const KT* src, bool aligned) {
+__device__ __forceinline__ void stage8(T* dst, const KT* src) {
   float f[8];
-  if (aligned) {
-    load8<KT>(src, f);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = to_float(src[e]);
-  }
+  load8<KT>(src, f);
   __align__(16) T o[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) o[e] = from_float<T>(f[e]);
