@@ -82,9 +82,7 @@ struct Backend {
   pa_cpu::TargetChoice target;  // the embedded backend's, whose tables softmax_tile shares
   int threads = 1;
   Pool* pool = nullptr;
-  bool bf16 = false;       // native bf16 matmul available
-  int min_query = 16;      // sequences with query_len >= this use the oneDNN tiles
-  bool f32_tiles = false;  // float32 tiles asked for (else such steps run on the cpu kernels)
+  TileRule tiles;          // which steps get oneDNN tiles
   std::string settings;    // pagedattn_capabilities.settings
   uint64_t memory_limit = 0;
   std::atomic<uint64_t> used{0};   // also counts the embedded CPU backend's allocations
@@ -300,18 +298,18 @@ pagedattn_status probe(int32_t device_index, char* msg) {
 // PAGEDATTN_ONEDNN_BF16 ("0": float32 tiles even where bf16 ones would run; "1" or unset: bf16
 // tiles where the CPU runs them natively) and PAGEDATTN_ONEDNN_MIN_QUERY (a whole number in
 // 1..65536: sequences with query_len >= it use the oneDNN tiles, shorter ones the embedded cpu
-// kernels; unset 16). Either one set asks for float32 tiles (*f32_tiles). Another value refuses
-// the backend, as the cpu backend's variables do.
-bool env_settings(bool* allow_bf16, int* min_query, bool* f32_tiles, char* msg) {
+// kernels; unset 16). Either one set asks for float32 tiles (r->f32_tiles). Another value
+// refuses the backend, as the cpu backend's variables do.
+bool env_settings(bool* allow_bf16, TileRule* r, char* msg) {
   *allow_bf16 = true;
-  *f32_tiles = false;
+  r->f32_tiles = false;
   if (const char* env = getenv("PAGEDATTN_ONEDNN_BF16")) {
     if (strcmp(env, "0") != 0 && strcmp(env, "1") != 0) {
       set_msg(msg, "PAGEDATTN_ONEDNN_BF16=%.64s is not 0 or 1", env);
       return false;
     }
     *allow_bf16 = env[0] == '1';
-    *f32_tiles = !*allow_bf16;
+    r->f32_tiles = !*allow_bf16;
   }
   if (const char* env = getenv("PAGEDATTN_ONEDNN_MIN_QUERY")) {
     long v = 0;
@@ -319,8 +317,8 @@ bool env_settings(bool* allow_bf16, int* min_query, bool* f32_tiles, char* msg) 
       set_msg(msg, "PAGEDATTN_ONEDNN_MIN_QUERY=%.64s is not a whole number in 1..65536", env);
       return false;
     }
-    *min_query = static_cast<int>(v);
-    *f32_tiles = true;
+    r->min_query = static_cast<int>(v);
+    r->f32_tiles = true;
   }
   return true;
 }
@@ -342,25 +340,22 @@ std::string describe(Backend& b) {
   const dnnl_version_t* v = dnnl_version();
   pagedattn_capabilities cpu{};
   pa_cpu_backend_ops()->get_capabilities(b.cpu, &cpu);
+  const TileRule& r = b.tiles;
   char head[256];
-  if (b.bf16) {
-    snprintf(head, sizeof head,
-             "oneDNN %d.%d.%d: bf16 chunks of %d or more query tokens on bf16 matmul tiles, "
-             "other dtypes' on %s (",
-             v->major, v->minor, v->patch, b.min_query,
-             b.f32_tiles ? "float32 tiles" : "the cpu kernels");
-  } else if (b.f32_tiles) {
-    snprintf(head, sizeof head,
-             "oneDNN %d.%d.%d: chunks of %d or more query tokens on float32 matmul tiles (",
-             v->major, v->minor, v->patch, b.min_query);
+  int n = snprintf(head, sizeof head, "oneDNN %d.%d.%d: ", v->major, v->minor, v->patch);
+  if (r.bf16) {
+    snprintf(head + n, sizeof head - n,
+             "bf16 chunks of %d or more query tokens on bf16 matmul tiles, other dtypes' on %s (",
+             r.min_query, r.f32_tiles ? "float32 tiles" : "the cpu kernels");
+  } else if (r.f32_tiles) {
+    snprintf(head + n, sizeof head - n,
+             "chunks of %d or more query tokens on float32 matmul tiles (", r.min_query);
   } else {
-    snprintf(head, sizeof head,
-             "oneDNN %d.%d.%d: no bf16 matmul here, every chunk on the cpu kernels (", v->major,
-             v->minor, v->patch);
+    snprintf(head + n, sizeof head - n, "no bf16 matmul here, every chunk on the cpu kernels (");
   }
   return std::string(head) + pa_runtime::env_note("PAGEDATTN_ONEDNN_BF16") + ", " +
          pa_runtime::env_note("PAGEDATTN_ONEDNN_MIN_QUERY") +
-         (b.bf16 || b.f32_tiles ? "); decode and shorter chunks on the cpu kernels: "
+         (r.bf16 || r.f32_tiles ? "); decode and shorter chunks on the cpu kernels: "
                                 : "); the cpu kernels: ") +
          cpu.settings;
 }
@@ -377,12 +372,13 @@ pagedattn_status create(void** state, const pagedattn_backend_options* opts, cha
     b->threads = opts->num_threads > 0 ? opts->num_threads : omp_get_num_procs();
     b->memory_limit = opts->memory_limit;
     bool allow_bf16 = true;
-    if (!env_settings(&allow_bf16, &b->min_query, &b->f32_tiles, msg)) {
+    if (!env_settings(&allow_bf16, &b->tiles, msg)) {
       delete b;
       return PAGEDATTN_ERROR_INVALID_ARGUMENT;
     }
     b->eng = dnnl::engine(dnnl::engine::kind::cpu, 0);
-    b->bf16 = allow_bf16 && native_bf16(b->eng);
+    b->tiles.bf16 = allow_bf16 && native_bf16(b->eng);
+    b->tiles.bf16_dp = b->target.bf16_dp;
     int spin_us = 0;
     if (!pa_runtime::spin_us_from_env(&spin_us, msg)) {
       delete b;
@@ -561,13 +557,11 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   const pa_batch& bt = *a->batch;
   auto* w = static_cast<BatchWork*>(bt.backend_data);
   const pa_backend_ops* cpu = pa_cpu_backend_ops();
-  // Tiles in bf16, or float32 ones where asked for; otherwise no sequence is long enough.
-  const bool bf16 = b->bf16 && a->q.dtype == PAGEDATTN_DTYPE_BFLOAT16;
-  const int min_query = bf16 || b->f32_tiles ? b->min_query : std::numeric_limits<int>::max();
-  if (step_on_cpu(*a, min_query, b->target.bf16_dp)) {
-    // No oneDNN rows (decode, short chunks, float32 tiles not asked for, fp8 caches above): the
-    // whole step, cache write included, on the embedded CPU backend, which takes its own plan's
-    // lock.
+  bool bf16 = false;
+  const int min_query = tile_min_query(*a, b->tiles, &bf16);
+  if (min_query == kNoTiles) {
+    // No oneDNN rows (decode, short chunks, float32 tiles not asked for, fp8 caches): the whole
+    // step, cache write included, on the embedded CPU backend, which takes its own plan's lock.
     pa_batch view = bt;
     view.backend_data = w->cpu_plan;
     pa_forward_args args = *a;

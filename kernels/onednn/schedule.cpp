@@ -34,13 +34,14 @@ SeqSplit split_of(int min_query, int ql, int G, int Hkv, int64_t* items) {
 
 }  // namespace
 
-bool step_on_cpu(const pa_forward_args& a, int min_query, bool bf16_dp) {
-  // An fp8 cache where the CPU kernels have the bf16 dot products: they convert fp8 in
-  // registers and ran 1.2-2.1x faster than these tiles at 64-2048 tokens (D 128), level within
-  // the noise at 16, and 1.0-1.7x at D 80-112 (docs/perf.md, "Rule for `auto` on CPU"), so such
-  // steps run there whole, as decode steps do.
-  const bool fp8_on_cpu = fp8_cache(a.cache) && bf16_dp;
-  return a.batch->max_query_len < min_query || fp8_on_cpu;
+int tile_min_query(const pa_forward_args& a, const TileRule& r, bool* bf16) {
+  *bf16 = r.bf16 && a.q.dtype == PAGEDATTN_DTYPE_BFLOAT16;
+  // The cpu kernels convert fp8 in registers and ran such steps faster than these tiles
+  // (docs/perf.md, "Rule for `auto` on CPU"), so they run there whole, as decode steps do.
+  const bool fp8_on_cpu = fp8_cache(a.cache) && r.bf16_dp;
+  if ((!*bf16 && !r.f32_tiles) || fp8_on_cpu || a.batch->max_query_len < r.min_query)
+    return kNoTiles;
+  return r.min_query;
 }
 
 bool short_rows(const pa_batch& bt, int min_query, int32_t* short_lens) {

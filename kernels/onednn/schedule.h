@@ -1,11 +1,12 @@
 /* kernels/onednn/schedule.h — how the onednn backend splits one forward: which rows its embedded
- * cpu backend runs (whole steps without long enough chunks or over an fp8 cache the cpu kernels
- * read faster; a mixed step's short sequences), and how the other sequences are cut into oneDNN
- * tile items of at most kMaxM (token, head) rows of one KV head's query heads. Arithmetic over
- * the forward's arguments only: no threads, no allocation. */
+ * cpu backend runs (whole steps without long enough chunks, whose tiles would be float32 unasked,
+ * or over an fp8 cache the cpu kernels read faster; a mixed step's short sequences), and how the
+ * other sequences are cut into oneDNN tile items of at most kMaxM (token, head) rows of one KV
+ * head's query heads. Arithmetic over the forward's arguments only: no threads, no allocation. */
 #ifndef PAGEDATTN_KERNELS_ONEDNN_SCHEDULE_H
 #define PAGEDATTN_KERNELS_ONEDNN_SCHEDULE_H
 
+#include <limits.h>
 #include <stdint.h>
 
 #include "plugin_abi.h"
@@ -61,10 +62,23 @@ struct TileItem {
   KeySource kv;
 };
 
-/* Whether the embedded cpu backend runs the whole step a, cache write included: when no
- * sequence has min_query tokens or more, or when the cache is fp8 and the cpu kernels have
- * bf16 dot products (bf16_dp, the CPU has AVX512-BF16). */
-bool step_on_cpu(const pa_forward_args& a, int min_query, bool bf16_dp);
+/* Which steps get oneDNN tiles (the backend's settings): bf16 tiles for bf16 queries where the
+ * CPU has a native bf16 matmul (bf16), float32 tiles for the other steps only where asked for
+ * (f32_tiles), in both cases for the sequences of min_query query tokens or more. bf16_dp: the
+ * embedded cpu kernels have bf16 dot products, and read fp8 caches faster than the tiles. */
+struct TileRule {
+  bool bf16 = false;
+  bool f32_tiles = false;
+  int min_query = 16;
+  bool bf16_dp = false;
+};
+
+/* The query length from which step a's sequences run on oneDNN tiles (*bf16: bf16 ones), or
+ * kNoTiles where the embedded cpu backend runs the whole step, cache write included: its tiles
+ * would be float32 and none were asked for, no sequence has min_query tokens, or the cache is
+ * fp8 and the cpu kernels have bf16 dot products. */
+constexpr int kNoTiles = INT_MAX;
+int tile_min_query(const pa_forward_args& a, const TileRule& r, bool* bf16);
 
 /* Sets short_lens[s] to the query_len of each sequence s of bt below min_query (its rows run on
  * the embedded cpu backend) and to 0 for the others (their rows are tile items). Returns whether
