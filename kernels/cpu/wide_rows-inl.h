@@ -40,9 +40,9 @@ using DF = hn::ScalableTag<float>;
 // are vectorised over rows.
 
 // Row vectors per register block of wide_scores and wide_accumulate: 4 x RB accumulators, RB
-// operand vectors and a broadcast. AVX2 has 16 registers, where RB 4 spills the accumulators on
-// every FMA; SSE4 (no FMA) measured no faster with 2.
-constexpr int kWideRB = HWY_ARCH_X86 && hn::MaxLanes(DF()) == 8 ? 2 : 4;
+// operand vectors and a broadcast. AVX2's 16 registers hold RB 3 exactly (RB 4 spills the
+// accumulators on every FMA); SSE4 (no FMA) measured no faster with 2.
+constexpr int kWideRB = HWY_ARCH_X86 && hn::MaxLanes(DF()) == 8 ? 3 : 4;
 
 // s[k][rv0*N ...] for keys [0, nk4) (a multiple of 4) and RB row vectors from rv0.
 template <int RB>
