@@ -124,6 +124,24 @@ HWY_INLINE __m512 reduce16(const __m512* a) {
 }
 #endif
 
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+// Eight accumulators -> one vector: lane i = the sum of a[i]'s lanes. Two rounds within 128-bit
+// halves on 8 and 4 vectors, one across them on 2.
+HWY_INLINE __m256 reduce8(const __m256* a) {
+  __m256 u[4];
+  // u[i], each half: a[2i]'s lanes 0+2, a[2i+1]'s 0+2, a[2i]'s 1+3, a[2i+1]'s 1+3.
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  // Each half: the half sums of a[0..3] (w0) and a[4..7] (w1).
+  const __m256 w0 = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x44),
+                                  _mm256_shuffle_ps(u[0], u[1], 0xEE));
+  const __m256 w1 = _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], 0x44),
+                                  _mm256_shuffle_ps(u[2], u[3], 0xEE));
+  return _mm256_add_ps(_mm256_permute2f128_ps(w0, w1, 0x20), _mm256_permute2f128_ps(w0, w1, 0x31));
+}
+#endif
+
 // Horizontal sums of R accumulators into out[j * kKeyTile]. For four rows, two interleave rounds
 // leave [sum a0, sum a1, sum a2, sum a3] in every 128-bit block, then the blocks are added.
 template <int R>
@@ -249,6 +267,22 @@ HWY_INLINE void score_keys(const float* HWY_RESTRICT q, int D, const void* const
     _mm512_store_ps(t, reduce16(v));
     HWY_UNROLL(4)
     for (int j = 0; j < 4; ++j) memcpy(s + j * kKeyTile + k, t + 4 * j, sizeof(float) * 4);
+    return;
+  }
+#endif
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  if constexpr (R == 4 && KB == 2) {
+    // All 8 sums in one reduction: lanes 2j, 2j + 1 are row j's scores of keys k, k + 1.
+    __m256 v[8];
+    HWY_UNROLL(4)
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = a[0][j].raw;
+      v[2 * j + 1] = a[1][j].raw;
+    }
+    alignas(32) float t[8];
+    _mm256_store_ps(t, reduce8(v));
+    HWY_UNROLL(4)
+    for (int j = 0; j < 4; ++j) memcpy(s + j * kKeyTile + k, t + 2 * j, sizeof(float) * 2);
     return;
   }
 #endif
