@@ -100,21 +100,32 @@ HWY_INLINE void permute_pairs(float* x, int n, bool to_pairs) {
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// Four vectors -> one whose every 128-bit block holds [block sum of a0, of a1, of a2, of a3]:
+// two interleave rounds, all within blocks.
+HWY_INLINE hn::Vec<DF> block_sums4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2,
+                                   hn::Vec<DF> a3) {
+  const DF d;
+  const hn::Repartition<uint64_t, DF> d64;
+  // Each block: a0's lanes 0+2, a1's 0+2, a0's 1+3, a1's 1+3 (b0); the same of a2, a3 (b1).
+  const auto b0 = hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+  const auto b1 = hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+  const auto c0 = hn::BitCast(d64, b0), c1 = hn::BitCast(d64, b1);
+  return hn::Add(hn::BitCast(d, hn::InterleaveLower(d64, c0, c1)),
+                 hn::BitCast(d, hn::InterleaveUpper(d64, c0, c1)));
+}
+#endif
+
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// Sixteen accumulators -> one vector: lane i = the sum of a[i]'s lanes. The two rounds within
-// 128-bit blocks come first, on 16 and 8 vectors; the two across blocks last, on 4 and 2: 6
-// cross-block shuffles, not 24: Zen 4 runs block-internal shuffles beside vdpbf16ps for free,
-// cross-block ones only up to about one per two dot products.
+// Sixteen accumulators -> one vector: lane i = the sum of a[i]'s lanes. The rounds within
+// 128-bit blocks come first (block_sums4, on 16 and 8 vectors); the two across blocks last, on 4
+// and 2: 6 cross-block shuffles, not 24: Zen 4 runs block-internal shuffles beside vdpbf16ps for
+// free, cross-block ones only up to about one per two dot products.
 HWY_INLINE __m512 reduce16(const __m512* a) {
-  __m512 u[8], w[4];
-  // u[i], each block: a[2i]'s lanes 0+2, a[2i+1]'s 0+2, a[2i]'s 1+3, a[2i+1]'s 1+3.
-  for (int i = 0; i < 8; ++i)
-    u[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  // w[j], each block: the block sums of a[4j], a[4j + 1], a[4j + 2], a[4j + 3].
+  using V = hn::Vec<DF>;
+  __m512 w[4];
   for (int j = 0; j < 4; ++j)
-    w[j] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * j], u[2 * j + 1], 0x44),
-                         _mm512_shuffle_ps(u[2 * j], u[2 * j + 1], 0xEE));
+    w[j] = block_sums4(V{a[4 * j]}, V{a[4 * j + 1]}, V{a[4 * j + 2]}, V{a[4 * j + 3]}).raw;
   const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x44),
                                    _mm512_shuffle_f32x4(w[0], w[1], 0xEE));
   const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(w[2], w[3], 0x44),
@@ -125,36 +136,24 @@ HWY_INLINE __m512 reduce16(const __m512* a) {
 #endif
 
 #if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-// Eight accumulators -> one vector: lane i = the sum of a[i]'s lanes. Two rounds within 128-bit
-// halves on 8 and 4 vectors, one across them on 2.
+// Eight accumulators -> one vector: lane i = the sum of a[i]'s lanes. The rounds within 128-bit
+// halves (block_sums4) first, one across them last.
 HWY_INLINE __m256 reduce8(const __m256* a) {
-  __m256 u[4];
-  // u[i], each half: a[2i]'s lanes 0+2, a[2i+1]'s 0+2, a[2i]'s 1+3, a[2i+1]'s 1+3.
-  for (int i = 0; i < 4; ++i)
-    u[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  // Each half: the half sums of a[0..3] (w0) and a[4..7] (w1).
-  const __m256 w0 = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], 0x44),
-                                  _mm256_shuffle_ps(u[0], u[1], 0xEE));
-  const __m256 w1 = _mm256_add_ps(_mm256_shuffle_ps(u[2], u[3], 0x44),
-                                  _mm256_shuffle_ps(u[2], u[3], 0xEE));
+  using V = hn::Vec<DF>;
+  const __m256 w0 = block_sums4(V{a[0]}, V{a[1]}, V{a[2]}, V{a[3]}).raw;
+  const __m256 w1 = block_sums4(V{a[4]}, V{a[5]}, V{a[6]}, V{a[7]}).raw;
   return _mm256_add_ps(_mm256_permute2f128_ps(w0, w1, 0x20), _mm256_permute2f128_ps(w0, w1, 0x31));
 }
 #endif
 
-// Horizontal sums of R accumulators into out[j * kKeyTile]. For four rows, two interleave rounds
-// leave [sum a0, sum a1, sum a2, sum a3] in every 128-bit block, then the blocks are added.
+// Horizontal sums of R accumulators into out[j * kKeyTile]. For four rows, block_sums4 leaves
+// [sum a0, sum a1, sum a2, sum a3] in every 128-bit block, then the blocks are added.
 template <int R>
 HWY_INLINE void reduce_rows(const hn::Vec<DF>* a, float* out) {
   const DF d;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (R == 4) {
-    const hn::Repartition<uint64_t, DF> d64;
-    const auto b0 = hn::Add(hn::InterleaveLower(d, a[0], a[1]), hn::InterleaveUpper(d, a[0], a[1]));
-    const auto b1 = hn::Add(hn::InterleaveLower(d, a[2], a[3]), hn::InterleaveUpper(d, a[2], a[3]));
-    const auto c = hn::Add(
-        hn::BitCast(d, hn::InterleaveLower(d64, hn::BitCast(d64, b0), hn::BitCast(d64, b1))),
-        hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, b0), hn::BitCast(d64, b1))));
+    const auto c = block_sums4(a[0], a[1], a[2], a[3]);
     HWY_ALIGN float tmp[hn::MaxLanes(d)];
     hn::Store(c, d, tmp);
     const int N = static_cast<int>(hn::Lanes(d));
