@@ -284,8 +284,7 @@ struct ScalarTile {
   static constexpr size_t kBytes = attn_smem_bytes<kR, kNT, kChunk, KT, DMAX>();
 };
 
-// The scalar kernel (decode tiles; prefill tiles of f32 queries, and of every type without
-// mma.sync).
+// The scalar kernel: tiles of f32 queries, and every tile where mma.sync is missing (HIP).
 template <typename T, typename KT, int DMAX, bool DECODE>
 gpuError_t launch_attention_scalar(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
   using Tile = ScalarTile<KT, DMAX, DECODE>;
