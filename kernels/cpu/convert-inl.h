@@ -27,20 +27,25 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 
 #if HWY_TARGET < HWY_SSE4
-// f16 bits of sign-extended fp8 bytes x (int16 lanes), exact; e4m3 comes out 2^-8 too small.
-// Sign extension copies the sign into bits 8..15: one shift puts it at bit 15.
-template <int DT, class V>
-HWY_INLINE V fp8_f16_bits(V x) {
-  const hn::DFromV<V> d16;
+// f16 bits of the fp8 bytes at src, one per int16 lane of d16, exact; e4m3 comes out 2^-8 too
+// small (its exponent bias is 8 below f16's).
+template <int DT, class D16>
+HWY_INLINE hn::Vec<D16> fp8_f16_bits(D16 d16, const int8_t* src) {
   if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
-    // Bit 14 (a sign copy) cleared; e and m land in f16's exponent and mantissa.
-    const auto h = hn::And(hn::ShiftLeft<7>(x), hn::Set(d16, static_cast<int16_t>(0xBF80)));
-    // 0x7F/0xFF are e4m3fn's NaN (a NaN store gives them): f16 exponent 31 keeps them NaN. Only
-    // their magnitude, 0x3F80, carries into bit 14 when 0x80 is added (one ternary op on AVX-512).
-    return hn::OrAnd(h, hn::Add(h, hn::Set(d16, static_cast<int16_t>(0x0080))),
-                     hn::Set(d16, static_cast<int16_t>(0x4000)));
+    // Zero-extended and shifted, t = [0, sign, 7-bit magnitude, 0 x 7]: e and m sit in f16's
+    // exponent and mantissa, the sign one bit low. Adding t's bit 14 carries the sign up and
+    // clears bit 14. Taking bits 14-15 of t + 0x80 instead also leaves bit 14 set (f16 exponent
+    // 31, NaN) for magnitude 0x7F, e4m3fn's NaN (a NaN store gives it), with its sign: 4 ops
+    // after the widening, no blend.
+    const hn::RebindToUnsigned<D16> du16;
+    const hn::Rebind<uint8_t, D16> du8;
+    const auto b = hn::LoadU(du8, reinterpret_cast<const uint8_t*>(src));
+    const auto t = hn::ShiftLeft<7>(hn::PromoteTo(du16, b));
+    const auto top = hn::And(hn::Add(t, hn::Set(du16, 0x0080)), hn::Set(du16, 0xC000));
+    return hn::BitCast(d16, hn::Add(t, top));
   } else {
-    return hn::ShiftLeft<8>(x);  // e5m2 is f16's top byte
+    const hn::Rebind<int8_t, D16> d8;
+    return hn::ShiftLeft<8>(hn::PromoteTo(d16, hn::LoadU(d8, src)));  // e5m2 is f16's top byte
   }
 }
 #endif
@@ -50,10 +55,10 @@ HWY_INLINE V fp8_f16_bits(V x) {
 template <int DT>
 HWY_INLINE hn::Vec<DF> load_fp8(const void* p, int i) {
   const DF d;
-  const hn::Rebind<int8_t, DF> d8;
   const int8_t* src = static_cast<const int8_t*>(p) + i;
 #if HWY_TARGET >= HWY_SSE4
   // No F16C here: Highway converts f16 in software without inf/NaN, so build float32 bits directly.
+  const hn::Rebind<int8_t, DF> d8;
   const hn::RebindToSigned<DF> di;
   const auto w = hn::PromoteTo(di, hn::LoadU(d8, src));  // sign-extended
   const auto sign = hn::And(w, hn::Set(di, static_cast<int32_t>(0x80000000u)));
@@ -77,7 +82,7 @@ HWY_INLINE hn::Vec<DF> load_fp8(const void* p, int i) {
   // never reach a float32 multiply as denormals.
   const hn::Rebind<int16_t, DF> d16;
   const hn::Rebind<hwy::float16_t, DF> dh;
-  return hn::PromoteTo(d, hn::BitCast(dh, fp8_f16_bits<DT>(hn::PromoteTo(d16, hn::LoadU(d8, src)))));
+  return hn::PromoteTo(d, hn::BitCast(dh, fp8_f16_bits<DT>(d16, src)));
 #endif
 }
 

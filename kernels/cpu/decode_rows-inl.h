@@ -64,14 +64,12 @@ HWY_INLINE void load_pair(const void* p, int i, hn::Vec<DF>& lo, hn::Vec<DF>& hi
     hi = hn::BitCast(d, hn::And(w, hn::Set(du, 0xFFFF0000u)));
 #if PA_FP8_PAIRS
   } else if constexpr (is_fp8_pairs(DT)) {
-    // 2N bytes widened at once, so the bit ops run once per 2N values (9 ops per 16 values
+    // 2N bytes widened at once, so the bit ops run once per 2N values (8 ops per 16 values
     // against 14 through load_vec), then the two halves go through f16 -> f32. In order.
     const hn::Repartition<int16_t, DF> d16;
     const hn::Half<decltype(d16)> d16h;
-    const hn::Rebind<int8_t, decltype(d16)> d8;
     const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto x = hn::PromoteTo(d16, hn::LoadU(d8, static_cast<const int8_t*>(p) + i));
-    const auto h = fp8_f16_bits<base_dtype(DT)>(x);
+    const auto h = fp8_f16_bits<base_dtype(DT)>(d16, static_cast<const int8_t*>(p) + i);
     lo = hn::PromoteTo(d, hn::BitCast(dh, hn::LowerHalf(d16h, h)));
     hi = hn::PromoteTo(d, hn::BitCast(dh, hn::UpperHalf(d16h, h)));
 #endif
