@@ -31,21 +31,20 @@ using DF = hn::ScalableTag<float>;
 // small (its exponent bias is 8 below f16's).
 template <int DT, class D16>
 HWY_INLINE hn::Vec<D16> fp8_f16_bits(D16 d16, const int8_t* src) {
+  const hn::RebindToUnsigned<D16> du16;
+  const hn::Rebind<uint8_t, D16> du8;
+  const auto u = hn::PromoteTo(du16, hn::LoadU(du8, reinterpret_cast<const uint8_t*>(src)));
   if constexpr (DT == PAGEDATTN_DTYPE_FP8_E4M3) {
     // Zero-extended and shifted, t = [0, sign, 7-bit magnitude, 0 x 7]: e and m sit in f16's
     // exponent and mantissa, the sign one bit low. Adding t's bit 14 carries the sign up and
     // clears bit 14. Taking bits 14-15 of t + 0x80 instead also leaves bit 14 set (f16 exponent
     // 31, NaN) for magnitude 0x7F, e4m3fn's NaN (a NaN store gives it), with its sign: 4 ops
     // after the widening, no blend.
-    const hn::RebindToUnsigned<D16> du16;
-    const hn::Rebind<uint8_t, D16> du8;
-    const auto b = hn::LoadU(du8, reinterpret_cast<const uint8_t*>(src));
-    const auto t = hn::ShiftLeft<7>(hn::PromoteTo(du16, b));
+    const auto t = hn::ShiftLeft<7>(u);
     const auto top = hn::And(hn::Add(t, hn::Set(du16, 0x0080)), hn::Set(du16, 0xC000));
     return hn::BitCast(d16, hn::Add(t, top));
   } else {
-    const hn::Rebind<int8_t, D16> d8;
-    return hn::ShiftLeft<8>(hn::PromoteTo(d16, hn::LoadU(d8, src)));  // e5m2 is f16's top byte
+    return hn::BitCast(d16, hn::ShiftLeft<8>(u));  // e5m2 is f16's top byte
   }
 }
 #endif
