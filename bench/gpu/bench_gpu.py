@@ -140,10 +140,8 @@ TOL_BF16, TOL_FP8 = 2e-2, 6e-2  # bfloat16 output; fp8 cache (the reference read
 def ref64(paged, seq, q_rows, pos, scale):
     """Float64 attention of query rows q_rows [m, H, D] of sequence seq, row i at absolute
     position pos[i] (it sees keys 0..pos[i]): K/V gathered through the block table."""
-    n = max(pos) + 1
-    blocks = paged.block_table[seq, :math.ceil(n / paged.bs)]
-    k = paged.k[blocks].float().double().reshape(-1, paged.hkv, paged.d)[:n].transpose(0, 1)
-    v = paged.v[blocks].float().double().reshape(-1, paged.hkv, paged.d)[:n].transpose(0, 1)
+    k, v = (x.double() for x in paged.gathered(seq, max(pos) + 1))  # bf16 holds e4m3 exactly
+    n = k.shape[1]
     m, h = q_rows.shape[0], q_rows.shape[1]
     g = h // paged.hkv
     qq = q_rows.double().reshape(m, paged.hkv, g, paged.d).permute(1, 2, 0, 3)  # [Hkv, G, m, D]
