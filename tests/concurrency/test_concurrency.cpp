@@ -474,12 +474,18 @@ TEST(Concurrency, LogCallbackReplacedWhileLogging) {
     loggers.emplace_back([&] {
       while (!stop.load()) (void)pagedattn_batch_desc_init(nullptr);
     });
+  // Each round waits until a logger has reached the new callback, so every replacement races a
+  // logger even where the threads share two cores; the deadline keeps a broken logger from
+  // hanging the test (the checks below then fail).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   for (int round = 0; round < 200; ++round) {
     Sink& next = sinks[round % 2];
     next.retired = false;
+    const int before = next.calls.load();
     ASSERT_EQ(pagedattn_set_log_callback(fn, &next, PAGEDATTN_LOG_ERROR), PAGEDATTN_OK);
     sinks[(round + 1) % 2].retired = true;  // replaced: must not be called from here on
-    std::this_thread::yield();
+    while (next.calls.load() == before && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
   }
   ASSERT_EQ(pagedattn_set_log_callback(nullptr, nullptr, PAGEDATTN_LOG_ERROR), PAGEDATTN_OK);
   stop = true;
