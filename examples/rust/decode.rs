@@ -4,8 +4,8 @@
 //! this step adds one token to each and runs the attention layer, then checks the output against
 //! a float64 reference. Run from bindings/rust: `cargo run --example decode [backend]`.
 
-use pagedattn::{AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, DeviceType, KvCache,
-                Layout, Tensor, TensorMut};
+use pagedattn::{AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, DeviceType, ForwardArgs,
+                KvCache, Layout, Tensor, TensorMut};
 
 const NUM_SEQS: usize = 3;
 const NUM_HEADS: usize = 8;
@@ -116,17 +116,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kv_shape = [NUM_SEQS, NUM_KV_HEADS, HEAD_SIZE];
     // write_kv (the default): store the new k/v in the cache, then attend over everything.
     let opts = AttentionOptions::new(NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE);
-    backend.forward(
-        &batch,
-        Some(&cache),
-        0,
-        &opts,
-        &Tensor::from_slice(&query, &q_shape)?,
-        Some(&Tensor::from_slice(&new_k, &kv_shape)?),
-        Some(&Tensor::from_slice(&new_v, &kv_shape)?),
-        &mut TensorMut::from_slice(&mut output, &q_shape)?,
-        None,
-    )?;
+    let q = Tensor::from_slice(&query, &q_shape)?;
+    let (k, v) = (Tensor::from_slice(&new_k, &kv_shape)?, Tensor::from_slice(&new_v, &kv_shape)?);
+    let mut out = TensorMut::from_slice(&mut output, &q_shape)?;
+    backend.forward_with(ForwardArgs::new(&batch, &opts, &q, &mut out).cache(&cache).layer(0).kv(&k, &v))?;
 
     for s in 0..NUM_SEQS {
         let o = &output[s * Q_ROW..];

@@ -15,8 +15,8 @@
 //!
 //! Run from bindings/rust: `cargo run --example porting`.
 
-use pagedattn::{AttentionOptions, AttentionType, Backend, Batch, BatchDesc, CacheDesc, DType, KvCache,
-                Tensor, TensorMut};
+use pagedattn::{AttentionOptions, AttentionType, Backend, Batch, BatchDesc, CacheDesc, DType, ForwardArgs,
+                KvCache, Tensor, TensorMut};
 
 const NUM_HEADS: usize = 2;
 const NUM_KV_HEADS: usize = 1; // GQA: both query heads share one KV head
@@ -236,16 +236,17 @@ fn check(name: &str, out: &[f32], expected: &[f64]) -> Res<()> {
 }
 
 /// One forward over `rows` new tokens; `k`/`v` None when the cache already holds them.
-fn forward(backend: &Backend, batch: &Batch<'_>, cache: &KvCache<'_>, opts: &AttentionOptions<'_>,
+fn forward(backend: &Backend, batch: &Batch, cache: &KvCache<'_>, opts: &AttentionOptions<'_>,
            q: &[f32], kv: Option<(&[f32], &[f32])>) -> Res<Vec<f32>> {
     let rows = q.len() / Q_ROW;
     let mut out = vec![0f32; q.len()];
     let kv_shape = |x: &[f32]| [x.len() / KV_ROW, NUM_KV_HEADS, HEAD_SIZE];
     let k = kv.map(|(k, _)| Tensor::from_slice(k, &kv_shape(k))).transpose()?;
     let v = kv.map(|(_, v)| Tensor::from_slice(v, &kv_shape(v))).transpose()?;
-    backend.forward(batch, Some(cache), 0, opts, &Tensor::from_slice(q, &[rows, NUM_HEADS, HEAD_SIZE])?,
-                    k.as_ref(), v.as_ref(),
-                    &mut TensorMut::from_slice(&mut out, &[rows, NUM_HEADS, HEAD_SIZE])?, None)?;
+    let q = Tensor::from_slice(q, &[rows, NUM_HEADS, HEAD_SIZE])?;
+    let mut out_t = TensorMut::from_slice(&mut out, &[rows, NUM_HEADS, HEAD_SIZE])?;
+    backend.forward_with(ForwardArgs { k: k.as_ref(), v: v.as_ref(),
+                                       ..ForwardArgs::new(batch, opts, &q, &mut out_t).cache(cache) })?;
     Ok(out)
 }
 
@@ -315,7 +316,7 @@ fn self_attention(backend: &Backend, rng: &mut Rng) -> Res<()> {
     // engine that already wrote them (FlashInfer's append_paged_kv_cache) sets write_kv false.
     let opts = AttentionOptions::new(NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE);
     let mut cached = [0usize; 3]; // the engine's own count of each sequence's cached tokens
-    let mut batch: Option<Batch<'_>> = None;
+    let mut batch: Option<Batch> = None;
     for step in &SELF_STEPS {
         let args = from_vllm(&step.vllm);
         if !args.same_batch(&from_flashinfer(step.qo_indptr, &step.paged_kv, BLOCK_SIZE as i32, MAX_BLOCKS)) {
@@ -394,7 +395,7 @@ fn cross_attention(backend: &Backend, rng: &mut Rng) -> Res<()> {
     let self_opts = AttentionOptions::new(NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE);
     let cross_opts = AttentionOptions { attention_type: AttentionType::Cross, ..self_opts.clone() };
     let mut cached = [0usize; 3];
-    let mut batch: Option<Batch<'_>> = None;
+    let mut batch: Option<Batch> = None;
     for (i, step) in CROSS_STEPS.iter().enumerate() {
         // The update of a step repeats the encoder fields, as vLLM's metadata does.
         let args = from_vllm(&step.vllm).with_cross(cross_from_vllm(&ENCODER_LENS, &CROSS_TABLES));

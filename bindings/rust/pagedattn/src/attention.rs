@@ -1,8 +1,10 @@
-//! Per-call attention options.
+//! Per-call attention options and the arguments of a forward.
 
 use std::ptr;
 
-use crate::tensor::{Stream, Tensor};
+use crate::batch::Batch;
+use crate::cache::KvCache;
+use crate::tensor::{Stream, Tensor, TensorMut};
 use crate::{sys, to_c_i32, Result};
 
 /// Which attention a forward computes.
@@ -128,5 +130,87 @@ impl std::ops::Deref for RawOptions {
     type Target = sys::pagedattn_attention_options;
     fn deref(&self) -> &sys::pagedattn_attention_options {
         &self.0.opts
+    }
+}
+
+/// The arguments of one [`Backend::forward_with`](crate::Backend::forward_with): what
+/// `pagedattn_forward` takes, by name.
+///
+/// [`ForwardArgs::new`] takes the four that are always needed and leaves the rest empty (no
+/// cache, layer 0, no k/v, no lse); the setters fill them in:
+///
+/// ```no_run
+/// # use pagedattn::{AttentionOptions, Backend, Batch, ForwardArgs, KvCache, Tensor, TensorMut};
+/// # fn step(backend: &Backend, batch: &Batch, cache: &KvCache<'_>, q: &Tensor<'_>, k: &Tensor<'_>,
+/// #         v: &Tensor<'_>, out: &mut TensorMut<'_>) -> Result<(), pagedattn::Error> {
+/// let opts = AttentionOptions::new(8, 2, 64);
+/// for layer in 0..4 {
+///     backend.forward_with(ForwardArgs::new(batch, &opts, q, out).cache(cache).layer(layer).kv(k, v))?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// The fields are public, so a struct literal names every argument instead. Lifetimes: `'a`
+/// borrows everything (and bounds the input tensors' data), `'o` and `'l` are the data of `out`
+/// and `lse`, kept apart because a `&mut` pins its referent's lifetime exactly.
+#[derive(Debug)]
+pub struct ForwardArgs<'a, 'o, 'l> {
+    /// The planned step.
+    pub batch: &'a Batch,
+    /// The self-attention cache (decoder, encoder) or the cross cache (cross); `None` only for
+    /// encoder-only attention.
+    pub cache: Option<&'a KvCache<'a>>,
+    /// Layer of the cache.
+    pub layer: usize,
+    /// Shape and options; also the stream the work is queued on.
+    pub options: &'a AttentionOptions<'a>,
+    /// Queries, `[num_tokens, H, D]`.
+    pub q: &'a Tensor<'a>,
+    /// Keys, `[rows, Hkv, D]`: needed with `options.write_kv` and for encoder types.
+    pub k: Option<&'a Tensor<'a>>,
+    /// Values, as `k`.
+    pub v: Option<&'a Tensor<'a>>,
+    /// Output, `[num_tokens, H, D]` of q's dtype.
+    pub out: &'a mut TensorMut<'o>,
+    /// Optional float32 `[num_tokens, H]`: the natural log of each softmax denominator.
+    pub lse: Option<&'a mut TensorMut<'l>>,
+}
+
+impl<'a, 'o> ForwardArgs<'a, 'o, 'static> {
+    /// The required arguments; no cache, layer 0, no k/v and no lse.
+    pub fn new(
+        batch: &'a Batch,
+        options: &'a AttentionOptions<'a>,
+        q: &'a Tensor<'a>,
+        out: &'a mut TensorMut<'o>,
+    ) -> Self {
+        ForwardArgs { batch, cache: None, layer: 0, options, q, k: None, v: None, out, lse: None }
+    }
+}
+
+impl<'a, 'o, 'l> ForwardArgs<'a, 'o, 'l> {
+    /// Sets the cache.
+    pub fn cache(mut self, cache: &'a KvCache<'a>) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// Sets the layer of the cache.
+    pub fn layer(mut self, layer: usize) -> Self {
+        self.layer = layer;
+        self
+    }
+
+    /// Sets the step's keys and values.
+    pub fn kv(mut self, k: &'a Tensor<'a>, v: &'a Tensor<'a>) -> Self {
+        self.k = Some(k);
+        self.v = Some(v);
+        self
+    }
+
+    /// Sets the lse output.
+    pub fn lse<'m>(self, lse: &'a mut TensorMut<'m>) -> ForwardArgs<'a, 'o, 'm> {
+        let ForwardArgs { batch, cache, layer, options, q, k, v, out, .. } = self;
+        ForwardArgs { batch, cache, layer, options, q, k, v, out, lse: Some(lse) }
     }
 }

@@ -2,8 +2,9 @@
 
 use std::ffi::CString;
 use std::ptr::{self, NonNull};
+use std::sync::Arc;
 
-use crate::attention::AttentionOptions;
+use crate::attention::{AttentionOptions, ForwardArgs};
 use crate::batch::Batch;
 use crate::cache::KvCache;
 use crate::tensor::{Device, Stream, Tensor, TensorMut};
@@ -161,18 +162,39 @@ pub struct MemoryUsage {
 }
 
 /// A compute backend (`pagedattn_backend`): one device driven by one implementation.
-#[derive(Debug)]
+///
+/// A shared handle: clones are cheap and use the same C backend, and every [`KvCache`] and
+/// [`Batch`] created from it holds a clone, so the backend lives until the last of them is
+/// dropped. An engine can therefore own its backend, caches and batches side by side, or keep
+/// only the caches ([`KvCache::backend`] gives the backend back).
+#[derive(Clone, Debug)]
 pub struct Backend {
+    shared: Arc<OwnedBackend>,
+}
+
+/// The C handle, destroyed when the last [`Backend`] clone (and so the last cache and batch) is
+/// gone.
+#[derive(Debug)]
+struct OwnedBackend {
     raw: NonNull<sys::pagedattn_backend>,
 }
 
 // SAFETY: backend.h: creating and destroying backends is thread-safe, and nothing ties a
-// backend to the thread that created it.
-unsafe impl Send for Backend {}
+// backend to the thread that created it. The handle is destroyed by the last owner's drop,
+// when no other reference (and so no call on another thread) remains.
+unsafe impl Send for OwnedBackend {}
 // SAFETY: backend.h: "a backend handle may be used from many threads at once for calls on
 // distinct batches, outputs and cache regions". Outputs are `&mut` here; cache regions are the
-// caller's to keep apart, as in C (see KvCache's Sync); destroy needs ownership.
-unsafe impl Sync for Backend {}
+// caller's to keep apart, as in C (see KvCache's Sync); destroy happens in Drop only.
+unsafe impl Sync for OwnedBackend {}
+
+impl Drop for OwnedBackend {
+    fn drop(&mut self) {
+        // SAFETY: owned handle, destroyed once, by the last owner: every cache and batch holds
+        // a clone of the `Arc`, so they are gone already.
+        unsafe { sys::pagedattn_backend_destroy(self.raw.as_ptr()) }
+    }
+}
 
 impl Backend {
     /// Creates a backend by name: "cpu", "onednn", "cuda", "hip" or "auto", with defaults.
@@ -205,13 +227,19 @@ impl Backend {
         // SAFETY: valid out pointer, NUL-terminated name, options NULL or initialised.
         check(unsafe { sys::pagedattn_backend_create(&mut out, cname.as_ptr(), opts_ptr) })?;
         NonNull::new(out)
-            .map(|raw| Backend { raw })
+            .map(|raw| Backend { shared: Arc::new(OwnedBackend { raw }) })
             .ok_or_else(|| Error::binding(Status::Internal, "backend_create returned OK and NULL"))
     }
 
-    /// The raw handle, for calls through [`crate::sys`]; it stays owned by `self`.
+    /// The raw handle, for calls through [`crate::sys`]; it stays owned by `self` (and its
+    /// clones, caches and batches).
     pub fn as_ptr(&self) -> *mut sys::pagedattn_backend {
-        self.raw.as_ptr()
+        self.shared.raw.as_ptr()
+    }
+
+    /// Whether `self` and `other` are clones of one backend.
+    pub fn same_as(&self, other: &Backend) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// What this backend can do.
@@ -221,7 +249,7 @@ impl Backend {
             ..Default::default()
         };
         // SAFETY: valid out struct and live handle.
-        check(unsafe { sys::pagedattn_backend_get_capabilities(&mut caps, self.raw.as_ptr()) })?;
+        check(unsafe { sys::pagedattn_backend_get_capabilities(&mut caps, self.as_ptr()) })?;
         Ok(Capabilities {
             // SAFETY: static string owned by the library.
             name: unsafe { static_str(caps.name) }.to_string(),
@@ -249,7 +277,7 @@ impl Backend {
             ..Default::default()
         };
         // SAFETY: valid out struct with its size set; live handle.
-        check(unsafe { sys::pagedattn_backend_get_memory_usage(&mut raw, self.raw.as_ptr()) })?;
+        check(unsafe { sys::pagedattn_backend_get_memory_usage(&mut raw, self.as_ptr()) })?;
         Ok(MemoryUsage {
             bytes_in_use: raw.bytes_in_use,
             memory_limit: raw.memory_limit,
@@ -262,33 +290,17 @@ impl Backend {
     /// once on CPU backends.
     pub fn synchronize(&self, stream: Stream) -> Result<()> {
         // SAFETY: live handle; the stream's validity is the promise of Stream::from_raw.
-        check(unsafe { sys::pagedattn_backend_synchronize(self.raw.as_ptr(), stream.as_ptr()) })
+        check(unsafe { sys::pagedattn_backend_synchronize(self.as_ptr(), stream.as_ptr()) })
     }
 
-    /// Runs one layer of attention for a planned batch (`pagedattn_forward`).
-    ///
-    /// `q`: `[num_tokens, H, D]`; `k`, `v`: `[rows, Hkv, D]`, needed when `options.write_kv` and
-    /// for encoder types; `out`: `[num_tokens, H, D]` of q's dtype; `lse`: optional float32
-    /// `[num_tokens, H]`. `cache` is the self-attention cache (decoder, encoder) or the cross
-    /// cache (cross); `None` only for encoder-only attention. Runs on `options.stream`. On error
-    /// nothing is written.
+    /// Runs one layer of attention for a planned batch (`pagedattn_forward`), with the
+    /// arguments in a [`ForwardArgs`] (see there for each). On error nothing is written.
     ///
     /// Threads may run forwards on one cache at once, each with its own batch and output, when
     /// the blocks they write (with `write_kv`) are disjoint from the blocks the others read or
     /// write: the C contract, which Rust cannot check (see the crate's "Threads").
-    #[allow(clippy::too_many_arguments)] // mirrors pagedattn_forward's arguments
-    pub fn forward(
-        &self,
-        batch: &Batch<'_>,
-        cache: Option<&KvCache<'_>>,
-        layer: usize,
-        options: &AttentionOptions<'_>,
-        q: &Tensor<'_>,
-        k: Option<&Tensor<'_>>,
-        v: Option<&Tensor<'_>>,
-        out: &mut TensorMut<'_>,
-        lse: Option<&mut TensorMut<'_>>,
-    ) -> Result<()> {
+    pub fn forward_with(&self, args: ForwardArgs<'_, '_, '_>) -> Result<()> {
+        let ForwardArgs { batch, cache, layer, options, q, k, v, out, lse } = args;
         let layer = to_c_i32("layer", layer)?;
         let opts_raw = options.to_raw()?;
         let q_raw = q.as_raw();
@@ -301,7 +313,7 @@ impl Backend {
         // the library checks every shape against the batch before touching memory.
         check(unsafe {
             sys::pagedattn_forward(
-                self.raw.as_ptr(),
+                self.as_ptr(),
                 batch.as_ptr(),
                 cache_ptr,
                 layer,
@@ -314,6 +326,24 @@ impl Backend {
                 options.stream.as_ptr(),
             )
         })
+    }
+
+    /// [`Backend::forward_with`] with the arguments in `pagedattn_forward`'s order: `cache`
+    /// `None` only for encoder-only attention, `k`/`v` `None` when not needed, `lse` optional.
+    #[allow(clippy::too_many_arguments)] // mirrors pagedattn_forward's arguments
+    pub fn forward(
+        &self,
+        batch: &Batch,
+        cache: Option<&KvCache<'_>>,
+        layer: usize,
+        options: &AttentionOptions<'_>,
+        q: &Tensor<'_>,
+        k: Option<&Tensor<'_>>,
+        v: Option<&Tensor<'_>>,
+        out: &mut TensorMut<'_>,
+        lse: Option<&mut TensorMut<'_>>,
+    ) -> Result<()> {
+        self.forward_with(ForwardArgs { batch, cache, layer, options, q, k, v, out, lse })
     }
 
     /// Merges two partial results over disjoint key sets into the exact one
@@ -350,7 +380,7 @@ impl Backend {
         // SAFETY: as forward; the library checks shapes before touching memory.
         check(unsafe {
             sys::pagedattn_merge_states(
-                self.raw.as_ptr(),
+                self.as_ptr(),
                 &mut out_raw,
                 lse_out_raw.as_mut().map_or(ptr::null_mut(), |t| t as *mut _),
                 &o1_raw,
@@ -360,13 +390,5 @@ impl Backend {
                 stream.as_ptr(),
             )
         })
-    }
-}
-
-impl Drop for Backend {
-    fn drop(&mut self) {
-        // SAFETY: owned handle, destroyed once. Caches and batches borrow the backend, so they
-        // are gone already (the library would keep it alive for them anyway).
-        unsafe { sys::pagedattn_backend_destroy(self.raw.as_ptr()) }
     }
 }

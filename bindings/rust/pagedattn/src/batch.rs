@@ -1,6 +1,5 @@
 //! Planned batches (the metadata of one step).
 
-use std::marker::PhantomData;
 use std::ptr::{self, NonNull};
 
 use crate::backend::Backend;
@@ -139,25 +138,27 @@ pub struct BatchInfo {
     pub max_seq_len_capacity: usize,
 }
 
-/// A validated and planned batch (`pagedattn_batch`); borrows its backend for `'a`.
+/// A validated and planned batch (`pagedattn_batch`). It holds a clone of its [`Backend`],
+/// which therefore lives at least as long, and borrows nothing: an engine can own it, and it
+/// can move to other threads.
 #[derive(Debug)]
-pub struct Batch<'a> {
+pub struct Batch {
     raw: NonNull<sys::pagedattn_batch>,
-    _backend: PhantomData<&'a Backend>,
+    backend: Backend,
 }
 
 // SAFETY: batch.h ties no batch to a thread; update and destroy need `&mut`/ownership here.
-unsafe impl Send for Batch<'_> {}
+unsafe impl Send for Batch {}
 // SAFETY: batch.h: a batch may serve concurrent forwards when none updates it (the CPU backend
 // serialises forwards sharing a batch's workspace); update takes `&mut self`.
-unsafe impl Sync for Batch<'_> {}
+unsafe impl Sync for Batch {}
 
-impl<'a> Batch<'a> {
+impl Batch {
     /// Validates and plans a batch against `cache` (and `cross_cache` for cross attention).
     /// `cache` may be `None` only without block tables (encoder-only). The caches are read only
-    /// now; the batch stays valid after they are dropped.
+    /// now; the batch stays valid after they are dropped. The batch keeps a clone of `backend`.
     pub fn new(
-        backend: &'a Backend,
+        backend: &Backend,
         cache: Option<&KvCache<'_>>,
         cross_cache: Option<&KvCache<'_>>,
         desc: &BatchDesc<'_>,
@@ -175,7 +176,7 @@ impl<'a> Batch<'a> {
             )
         })?;
         NonNull::new(out)
-            .map(|raw| Batch { raw, _backend: PhantomData })
+            .map(|raw| Batch { raw, backend: backend.clone() })
             .ok_or_else(|| Error::binding(Status::Internal, "batch_create returned OK and NULL"))
     }
 
@@ -190,6 +191,11 @@ impl<'a> Batch<'a> {
     /// The raw handle, for calls through [`crate::sys`]; it stays owned by `self`.
     pub fn as_ptr(&self) -> *mut sys::pagedattn_batch {
         self.raw.as_ptr()
+    }
+
+    /// The backend the batch was planned on (a clone that the batch keeps alive).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// Summary of the plan.
@@ -258,9 +264,10 @@ unsafe fn borrowed<'s, T>(p: *const T, n: usize) -> &'s [T] {
     if n == 0 || p.is_null() { &[] } else { std::slice::from_raw_parts(p, n) }
 }
 
-impl Drop for Batch<'_> {
+impl Drop for Batch {
     fn drop(&mut self) {
-        // SAFETY: owned handle, destroyed once.
+        // SAFETY: owned handle, destroyed once, while `self.backend` (dropped after this) still
+        // holds the backend.
         unsafe { sys::pagedattn_batch_destroy(self.raw.as_ptr()) }
     }
 }

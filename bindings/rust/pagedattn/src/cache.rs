@@ -130,8 +130,12 @@ pub struct LayerMemory {
     pub strides: [usize; 3],
 }
 
-/// A paged KV cache (`pagedattn_kv_cache`), owning its memory or wrapping the caller's. It
-/// borrows its backend (and, when wrapped, the caller's memory) for `'a`.
+/// A paged KV cache (`pagedattn_kv_cache`), owning its memory or wrapping the caller's.
+///
+/// It holds a clone of its [`Backend`], which therefore lives at least as long. `'a` is the
+/// borrow of the caller's memory in a wrapped cache; a cache that owns its memory
+/// ([`KvCache::new`]) is a `KvCache<'static>`, which an engine struct can own and which can
+/// move to other threads.
 ///
 /// Shared across threads like the C handle: forwards and the writing calls (`write`,
 /// `copy_blocks`, `swap_blocks_from`, `load_blocks`) take `&self`, so threads can use one cache
@@ -140,6 +144,7 @@ pub struct LayerMemory {
 #[derive(Debug)]
 pub struct KvCache<'a> {
     raw: NonNull<sys::pagedattn_kv_cache>,
+    backend: Backend,
     _borrow: PhantomData<&'a mut [u8]>,
 }
 
@@ -158,29 +163,32 @@ fn pairs_ptr(pairs: &[[i32; 2]]) -> *const i32 {
     if pairs.is_empty() { ptr::null() } else { pairs.as_ptr() as *const i32 }
 }
 
-impl<'a> KvCache<'a> {
-    fn from_out(out: *mut sys::pagedattn_kv_cache) -> Result<Self> {
-        NonNull::new(out)
-            .map(|raw| KvCache { raw, _borrow: PhantomData })
-            .ok_or_else(|| Error::binding(Status::Internal, "cache call returned OK and NULL"))
-    }
-
+impl KvCache<'static> {
     /// Creates a cache whose memory the library allocates on the backend's device (zeroed).
-    pub fn new(backend: &'a Backend, desc: &CacheDesc) -> Result<Self> {
+    /// The cache keeps a clone of `backend`.
+    pub fn new(backend: &Backend, desc: &CacheDesc) -> Result<Self> {
         let raw = desc.to_raw()?;
         let mut out = ptr::null_mut();
         // SAFETY: valid pointers and a live backend.
         check(unsafe { sys::pagedattn_kv_cache_create(&mut out, backend.as_ptr(), &raw) })?;
-        KvCache::from_out(out)
+        KvCache::from_out(out, backend)
+    }
+}
+
+impl<'a> KvCache<'a> {
+    fn from_out(out: *mut sys::pagedattn_kv_cache, backend: &Backend) -> Result<Self> {
+        NonNull::new(out)
+            .map(|raw| KvCache { raw, backend: backend.clone(), _borrow: PhantomData })
+            .ok_or_else(|| Error::binding(Status::Internal, "cache call returned OK and NULL"))
     }
 
     /// Creates a cache over host slices, used in place: one slice per layer for K and for V.
     /// `strides` are element strides (block, slot, head); `None` = compact for the layout. Each
     /// slice must hold every element the strides reach; `T` must hold `desc.dtype` (`f32`,
     /// `half::f16`, `half::bf16`, `u16` for float16/bfloat16, `u8` for fp8). The slices stay
-    /// borrowed while the cache lives.
+    /// borrowed while the cache lives; the cache keeps a clone of `backend`.
     pub fn wrap<T: Element>(
-        backend: &'a Backend,
+        backend: &Backend,
         desc: &CacheDesc,
         k_layers: Vec<&'a mut [T]>,
         v_layers: Vec<&'a mut [T]>,
@@ -220,7 +228,7 @@ impl<'a> KvCache<'a> {
     /// `strides` reach (`[0; 3]` = compact), valid and not otherwise accessed for `'a`, from
     /// any thread the cache is used on.
     pub unsafe fn wrap_raw(
-        backend: &'a Backend,
+        backend: &Backend,
         desc: &CacheDesc,
         k_layers: &[*mut c_void],
         v_layers: &[*mut c_void],
@@ -245,12 +253,17 @@ impl<'a> KvCache<'a> {
         };
         let mut out = ptr::null_mut();
         check(sys::pagedattn_kv_cache_wrap(&mut out, backend.as_ptr(), &raw, &mem))?;
-        KvCache::from_out(out)
+        KvCache::from_out(out, backend)
     }
 
     /// The raw handle, for calls through [`crate::sys`]; it stays owned by `self`.
     pub fn as_ptr(&self) -> *mut sys::pagedattn_kv_cache {
         self.raw.as_ptr()
+    }
+
+    /// The backend the cache was created on (a clone that the cache keeps alive).
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// The cache's geometry.
@@ -403,7 +416,8 @@ impl<'a> KvCache<'a> {
 
 impl Drop for KvCache<'_> {
     fn drop(&mut self) {
-        // SAFETY: owned handle, destroyed once.
+        // SAFETY: owned handle, destroyed once, while `self.backend` (dropped after this) still
+        // holds the backend.
         unsafe { sys::pagedattn_kv_cache_destroy(self.raw.as_ptr()) }
     }
 }

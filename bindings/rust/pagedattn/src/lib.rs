@@ -1,10 +1,12 @@
 //! Safe Rust bindings to libpagedattn: attention for LLM serving over a paged KV cache.
 //!
 //! The C API is wrapped one to one: a [`Backend`] creates [`KvCache`]s and plans [`Batch`]es;
-//! [`Backend::forward`] runs one layer of attention and [`Backend::merge_states`] combines
-//! partial results. Handles free themselves on drop; lifetimes keep a cache or batch from
-//! outliving its backend and a wrapped cache from outliving the memory it borrows. Every failure
-//! is an [`Error`] carrying the library's status and message.
+//! [`Backend::forward_with`] runs one layer of attention (its arguments named in a
+//! [`ForwardArgs`]) and [`Backend::merge_states`] combines partial results. Handles free
+//! themselves on drop. A backend is a shared handle that each of its caches and batches holds a
+//! clone of, so they never outlive it and an engine can own them all (`KvCache<'static>`,
+//! `Batch`); a lifetime keeps a wrapped cache from outliving the memory it borrows. Every
+//! failure is an [`Error`] carrying the library's status and message.
 //!
 //! Host tensors are slices described by [`Tensor`] (inputs) and [`TensorMut`] (outputs), of
 //! `f32`, `half::f16`, `half::bf16` (feature `half`, on by default), or raw `u16` / `u8` bits
@@ -28,7 +30,9 @@
 //! it is the caller's logic error, as in C: the calls race on the slots they share, which end up
 //! holding unspecified values; the cache holds plain numbers that never steer an address, so
 //! nothing else is affected. A batch's `update` takes `&mut self`, as the C API needs exclusive
-//! access.
+//! access. The C backend is destroyed when its last handle (a [`Backend`] clone, cache or batch)
+//! is dropped, on whichever thread that is: backend.h allows destroying on any thread, and no
+//! other handle, hence no concurrent call, is left by then.
 //!
 //! # Introspection and logging
 //!
@@ -50,8 +54,8 @@
 //! still work (the bindings are pre-generated).
 //!
 //! ```no_run
-//! use pagedattn::{AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, KvCache,
-//!                 Tensor, TensorMut};
+//! use pagedattn::{AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, ForwardArgs,
+//!                 KvCache, Tensor, TensorMut};
 //! # fn main() -> Result<(), pagedattn::Error> {
 //! let backend = Backend::new("cpu")?;
 //! let desc = CacheDesc { num_layers: 1, num_blocks: 4, block_size: 16, num_kv_heads: 2,
@@ -63,26 +67,43 @@
 //! let (q, k, v) = (vec![0.5f32; 4 * 64], vec![0.1f32; 2 * 64], vec![0.2f32; 2 * 64]);
 //! let mut out = vec![0f32; 4 * 64];
 //! let opts = AttentionOptions::new(4, 2, 64);
-//! backend.forward(&batch, Some(&cache), 0, &opts,
-//!     &Tensor::from_slice(&q, &[1, 4, 64])?,
-//!     Some(&Tensor::from_slice(&k, &[1, 2, 64])?),
-//!     Some(&Tensor::from_slice(&v, &[1, 2, 64])?),
-//!     &mut TensorMut::from_slice(&mut out, &[1, 4, 64])?, None)?;
+//! let (q, k, v) = (Tensor::from_slice(&q, &[1, 4, 64])?, Tensor::from_slice(&k, &[1, 2, 64])?,
+//!                  Tensor::from_slice(&v, &[1, 2, 64])?);
+//! let mut out_t = TensorMut::from_slice(&mut out, &[1, 4, 64])?;
+//! backend.forward_with(ForwardArgs::new(&batch, &opts, &q, &mut out_t).cache(&cache).layer(0).kv(&k, &v))?;
 //! # Ok(()) }
 //! ```
 //!
-//! A cache cannot outlive its backend:
+//! # Owning the handles
 //!
-//! ```compile_fail
-//! # use pagedattn::{Backend, CacheDesc, KvCache};
-//! let cache = {
-//!     let backend = Backend::new("cpu").unwrap();
-//!     KvCache::new(&backend, &CacheDesc::default()).unwrap()
-//! }; // error: `backend` does not live long enough
-//! # drop(cache);
+//! Caches and batches keep their backend alive, so an engine can hold them without a lifetime,
+//! create them in one function and return them, or move them to another thread:
+//!
+//! ```
+//! use pagedattn::{Backend, Batch, BatchDesc, CacheDesc, DType, KvCache};
+//!
+//! struct Engine {
+//!     cache: KvCache<'static>,
+//!     batch: Batch,
+//! }
+//!
+//! fn engine() -> Result<Engine, pagedattn::Error> {
+//!     let backend = Backend::new("cpu")?; // dropped here; the cache and batch keep it
+//!     let cache = KvCache::new(&backend, &CacheDesc { num_layers: 1, num_blocks: 4, block_size: 16,
+//!         num_kv_heads: 2, head_size: 64, dtype: DType::F32, ..CacheDesc::default() })?;
+//!     let batch = Batch::new(&backend, Some(&cache), None, &BatchDesc {
+//!         query_lens: &[1], context_lens: &[0], block_tables: Some(&[2]), block_table_stride: 1,
+//!         ..BatchDesc::default() })?;
+//!     Ok(Engine { cache, batch })
+//! }
+//! # fn main() -> Result<(), pagedattn::Error> {
+//! let e = engine()?;
+//! let usage = std::thread::spawn(move || e.batch.backend().memory_usage()).join().unwrap()?;
+//! assert_eq!((usage.num_caches, usage.num_batches), (1, 1));
+//! # Ok(()) }
 //! ```
 //!
-//! nor can a wrapped cache let its memory be touched while it lives:
+//! A wrapped cache cannot let its memory be touched while it lives:
 //!
 //! ```compile_fail
 //! # use pagedattn::{Backend, CacheDesc, KvCache};
@@ -91,6 +112,16 @@
 //! let cache = KvCache::wrap(&backend, &CacheDesc::default(), vec![&mut k[..]], vec![&mut v[..]], None);
 //! k[0] = 1.0; // error: `k` is borrowed mutably by the cache
 //! drop(cache);
+//! ```
+//!
+//! nor move to another thread past the memory's end:
+//!
+//! ```compile_fail
+//! # use pagedattn::{Backend, CacheDesc, KvCache};
+//! let backend = Backend::new("cpu").unwrap();
+//! let (mut k, mut v) = (vec![0f32; 64], vec![0f32; 64]);
+//! let cache = KvCache::wrap(&backend, &CacheDesc::default(), vec![&mut k[..]], vec![&mut v[..]], None).unwrap();
+//! std::thread::spawn(move || drop(cache)); // error: `k` does not live long enough
 //! ```
 //!
 //! and a batch cannot be updated while a forward may be using it:
@@ -120,7 +151,7 @@ mod cache;
 mod log;
 mod tensor;
 
-pub use attention::{AttentionOptions, AttentionType};
+pub use attention::{AttentionOptions, AttentionType, ForwardArgs};
 pub use backend::{backends, Backend, BackendInfo, BackendOptions, Capabilities, Features, MemoryUsage};
 pub use batch::{Batch, BatchDesc, BatchInfo};
 pub use cache::{CacheDesc, KvCache, Layout, LayerMemory};

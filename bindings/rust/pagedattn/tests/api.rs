@@ -1,7 +1,7 @@
 //! The safe API over the CPU backend: handles, errors, caches, batches, forward and merge.
 
 use pagedattn::{backends, AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, DeviceType,
-                Features, KvCache, Layout, Status, Stream, Tensor, TensorMut};
+                Features, ForwardArgs, KvCache, Layout, Status, Stream, Tensor, TensorMut};
 
 fn cpu() -> Backend {
     Backend::new("cpu").expect("cpu backend")
@@ -252,11 +252,13 @@ fn forward_matches_reference_and_merge_states() {
     let mut out = vec![f32::NAN; h * dd];
     let mut lse = vec![f32::NAN; h];
     let opts = AttentionOptions::new(h, hkv, dd);
-    be.forward(&batch, Some(&cache), 0, &opts, &Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
-               Some(&Tensor::new(&keys[ctx * row..], DType::F32, &[1, hkv, dd]).unwrap()),
-               Some(&Tensor::new(&vals[ctx * row..], DType::F32, &[1, hkv, dd]).unwrap()),
-               &mut TensorMut::new(&mut out, DType::F32, &[1, h, dd]).unwrap(),
-               Some(&mut TensorMut::new(&mut lse, DType::F32, &[1, h]).unwrap())).unwrap();
+    let (q_t, k_t, v_t) = (Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
+                           Tensor::new(&keys[ctx * row..], DType::F32, &[1, hkv, dd]).unwrap(),
+                           Tensor::new(&vals[ctx * row..], DType::F32, &[1, hkv, dd]).unwrap());
+    let mut out_t = TensorMut::new(&mut out, DType::F32, &[1, h, dd]).unwrap();
+    let mut lse_t = TensorMut::new(&mut lse, DType::F32, &[1, h]).unwrap();
+    be.forward_with(ForwardArgs::new(&batch, &opts, &q_t, &mut out_t).cache(&cache).kv(&k_t, &v_t).lse(&mut lse_t))
+        .unwrap();
     let scale = 1.0 / (dd as f64).sqrt();
     for hh in 0..h {
         let kh = hh / (h / hkv);
@@ -269,7 +271,7 @@ fn forward_matches_reference_and_merge_states() {
             assert!((out[hh * dd + i] as f64 - r).abs() < 1e-5, "out head {hh} dim {i}");
         }
     }
-    // Wrong head count: refused, out untouched.
+    // Wrong head count: refused, out untouched (through the positional form).
     let mut out2 = vec![f32::NAN; h * dd];
     let bad = AttentionOptions::new(h, 3, dd);
     let err = be.forward(&batch, Some(&cache), 0, &bad, &Tensor::new(&q, DType::F32, &[1, h, dd]).unwrap(),
@@ -326,7 +328,8 @@ fn handles_are_send_and_sync_and_usable_from_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Backend>();
     assert_send_sync::<KvCache<'static>>();
-    assert_send_sync::<Batch<'static>>();
+    assert_send_sync::<Batch>();
+    assert_send_sync::<ForwardArgs<'static, 'static, 'static>>();
     assert_send_sync::<Tensor<'static>>();
     assert_send_sync::<TensorMut<'static>>();
     assert_send_sync::<AttentionOptions<'static>>();
@@ -514,4 +517,105 @@ fn half_slices_match_their_raw_bits() {
     }
     assert_eq!(&km[5 * 16..6 * 16], &kvb[..]);
     assert!(KvCache::wrap(&be, &CacheDesc { dtype: DType::F16, ..d }, vec![&mut km[..]], vec![&mut vm[..]], None).is_err());
+}
+
+/// The three ways to pass a forward's arguments run the same call: positional, the builder and
+/// a struct literal give the same bits.
+#[test]
+fn forward_args_builder_literal_and_positional_agree() {
+    let be = cpu();
+    let cache = KvCache::new(&be, &desc(Layout::Nhd)).unwrap();
+    let ctx: Vec<f32> = values(5 * 16, 30);
+    let ctx_t = Tensor::from_slice(&ctx, &[5, 2, 8]).unwrap();
+    cache.write(1, &ctx_t, &ctx_t, &Tensor::from_i64(&[12, 13, 14, 15, 24]), 1.0, 1.0).unwrap();
+    let batch = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[5],
+        block_tables: Some(&[3, 6]), block_table_stride: 2, ..BatchDesc::default() }).unwrap();
+    let (q, kv) = (values(32, 31), values(16, 32));
+    let q_t = Tensor::from_slice(&q, &[1, 4, 8]).unwrap();
+    let kv_t = Tensor::from_slice(&kv, &[1, 2, 8]).unwrap();
+    let opts = AttentionOptions::new(4, 2, 8);
+    let mut outs = vec![vec![f32::NAN; 32]; 3];
+    let mut lses = vec![vec![f32::NAN; 4]; 3];
+    for (i, (out, lse)) in outs.iter_mut().zip(lses.iter_mut()).enumerate() {
+        let mut out_t = TensorMut::from_slice(out, &[1, 4, 8]).unwrap();
+        let mut lse_t = TensorMut::from_slice(lse, &[1, 4]).unwrap();
+        match i {
+            0 => be.forward(&batch, Some(&cache), 1, &opts, &q_t, Some(&kv_t), Some(&kv_t), &mut out_t,
+                            Some(&mut lse_t)),
+            1 => be.forward_with(ForwardArgs::new(&batch, &opts, &q_t, &mut out_t).cache(&cache).layer(1)
+                .kv(&kv_t, &kv_t).lse(&mut lse_t)),
+            _ => be.forward_with(ForwardArgs { batch: &batch, cache: Some(&cache), layer: 1, options: &opts, q: &q_t,
+                k: Some(&kv_t), v: Some(&kv_t), out: &mut out_t, lse: Some(&mut lse_t) }),
+        }
+        .unwrap();
+    }
+    assert!(outs[0].iter().chain(&lses[0]).all(|x| x.is_finite()));
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for i in 1..3 {
+        assert_eq!(bits(&outs[i]), bits(&outs[0]), "out of form {i}");
+        assert_eq!(bits(&lses[i]), bits(&lses[0]), "lse of form {i}");
+    }
+    // The defaults of `new`: layer 0, no cache, no k/v. Without the cache the library refuses
+    // the decoder forward and writes nothing.
+    let mut out = vec![f32::NAN; 32];
+    let mut out_t = TensorMut::from_slice(&mut out, &[1, 4, 8]).unwrap();
+    let args = ForwardArgs::new(&batch, &opts, &q_t, &mut out_t);
+    assert!(args.cache.is_none() && args.k.is_none() && args.v.is_none() && args.lse.is_none() && args.layer == 0);
+    assert_eq!(be.forward_with(args).unwrap_err().status, Status::NullPointer);
+    assert!(out.iter().all(|x| x.is_nan()));
+}
+
+/// An engine that owns its cache and batch: built in a function whose backend goes out of
+/// scope, moved to another thread, run there.
+struct Engine {
+    cache: KvCache<'static>,
+    batch: Batch,
+    opts: AttentionOptions<'static>,
+}
+
+fn engine() -> Engine {
+    let be = cpu();
+    let cache = KvCache::new(&be, &desc(Layout::Nhd)).unwrap();
+    let ctx = vec![0.75f32; 3 * 16];
+    let ctx_t = Tensor::from_slice(&ctx, &[3, 2, 8]).unwrap();
+    cache.write(0, &ctx_t, &ctx_t, &Tensor::from_i64(&[20, 21, 22]), 1.0, 1.0).unwrap();
+    let batch = Batch::new(&be, Some(&cache), None, &BatchDesc { query_lens: &[1], context_lens: &[3],
+        block_tables: Some(&[5]), block_table_stride: 1, ..BatchDesc::default() }).unwrap();
+    Engine { cache, batch, opts: AttentionOptions::new(4, 2, 8) }
+}
+
+#[test]
+fn caches_and_batches_own_their_backend() {
+    fn assert_owned<T: Send + Sync + 'static>(_: &T) {}
+    let e = engine();
+    assert_owned(&e.cache);
+    assert_owned(&e.batch);
+    assert!(e.cache.backend().same_as(e.batch.backend()));
+    assert!(!e.cache.backend().same_as(&cpu()));
+    let usage = e.batch.backend().memory_usage().unwrap();
+    assert_eq!((usage.num_caches, usage.num_batches), (1, 1));
+
+    let out = std::thread::spawn(move || {
+        let (q, kv) = (values(32, 40), vec![0.75f32; 16]);
+        let (q_t, kv_t) = (Tensor::from_slice(&q, &[1, 4, 8]).unwrap(), Tensor::from_slice(&kv, &[1, 2, 8]).unwrap());
+        let mut out = vec![0f32; 32];
+        let mut out_t = TensorMut::from_slice(&mut out, &[1, 4, 8]).unwrap();
+        let args = ForwardArgs::new(&e.batch, &e.opts, &q_t, &mut out_t).cache(&e.cache).kv(&kv_t, &kv_t);
+        e.cache.backend().forward_with(args).unwrap();
+        out // `e` is dropped here: batch, cache, then the backend with its last handle
+    })
+    .join()
+    .unwrap();
+    // Every value is 0.75, so attention returns 0.75 whatever the weights.
+    assert!(out.iter().all(|&x| (x - 0.75).abs() < 1e-6), "{out:?}");
+
+    // Clones share one backend: dropping the one a cache was made from leaves it usable.
+    let be = cpu();
+    let other = be.clone();
+    let cache = KvCache::new(&be, &desc(Layout::Hnd)).unwrap();
+    drop(be);
+    assert_eq!(other.memory_usage().unwrap().num_caches, 1);
+    assert_eq!(cache.backend().memory_usage().unwrap().num_caches, 1);
+    drop(cache);
+    assert_eq!(other.memory_usage().unwrap().num_caches, 0);
 }
