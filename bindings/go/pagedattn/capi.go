@@ -1,7 +1,7 @@
 package pagedattn
 
-// Everything that touches C lives in this file (the link flags come from cgo_pkgconfig.go or
-// cgo_flags.go, by build tag), except the log callback's exported Go entry point, which cgo
+// Everything that touches C lives in this file (the link flags come from cgo_pkgconfig.go,
+// cgo_static.go, cgo_flags.go or cgo_flags_static.go, by build tag), except the log callback's exported Go entry point, which cgo
 // requires in a file whose preamble defines nothing (log.go). Each wrapper below calls one
 // pagedattn function and, on failure, copies pagedattn_last_error() into the caller's buffer
 // within the same C call: the message is thread-local and a goroutine may move to another thread

@@ -19,9 +19,11 @@
 // to a Go func.
 //
 // The library is found through pkg-config (module "pagedattn"); from a Meson build tree set
-// PKG_CONFIG_PATH=<builddir>/meson-uninstalled (an absolute path) and, to run,
-// LD_LIBRARY_PATH=<builddir>/lib. Building with the tag pagedattn_nopkgconfig skips pkg-config:
-// CGO_CFLAGS and CGO_LDFLAGS then say where the headers and library are.
+// PKG_CONFIG_PATH=<builddir>/meson-uninstalled (an absolute path). The program links
+// libpagedattn.so with a run path to it from the .pc file; with the tag pagedattn_static it
+// links libpagedattn.a instead (module "pagedattn-static") and needs no run path. Building with
+// the tag pagedattn_nopkgconfig skips pkg-config: CGO_CFLAGS and CGO_LDFLAGS then say where the
+// headers and library are.
 package pagedattn
 
 import (
