@@ -3,7 +3,9 @@
 # the C runner into a temp dir), cargo test (with the README's examples as doctests), the check
 # that pagedattn-sys's checked-in bindings match the headers, cargo doc with and without the
 # library, a build without the `half` feature, clippy (if installed) and the decode and porting
-# examples.
+# examples. Last, the README's program as a crate outside the tree (its Cargo.toml lines, build.rs
+# and main.rs as written), linked to libpagedattn.so with build.rs's run path, and to
+# libpagedattn.a with the `static` feature, each started with no environment at all (env -i).
 # Usage: bindings/rust/run_tests.sh <builddir>
 set -eu
 
@@ -71,4 +73,50 @@ echo "== rust: example decode"
 cargo run --offline -q --example decode
 echo "== rust: example porting"
 cargo run --offline -q --example porting
+
+# Runs program $1 with no environment (no LD_LIBRARY_PATH, no PAGEDATTN_*); $2 says how it was
+# linked. With "static", libpagedattn.so must not be among the libraries it loads.
+run_bare() {
+  if [ "$2" = static ] && command -v readelf >/dev/null 2>&1 &&
+     readelf -d "$1" | grep -q 'NEEDED.*libpagedattn'; then
+    echo "rust: FAILED: $1 was built static but needs libpagedattn.so" >&2
+    exit 1
+  fi
+  if ! env -i "$1" >"$TMP/bare.log" 2>&1; then
+    cat "$TMP/bare.log" >&2
+    echo "rust: FAILED: $1 ($2) does not run with no environment (env -i)" >&2
+    exit 1
+  fi
+  echo "$(basename "$1") ($2) ran under env -i"
+}
+# The README's first ```toml block is the [dependencies] (its checkout path replaced by this
+# one), the ```rust,ignore block that starts with "// build.rs" build.rs, the first ```rust block
+# main.rs.
+APP="$TMP/app"
+mkdir -p "$APP/src"
+{
+  printf '[package]\nname = "readme-app"\nversion = "0.1.0"\nedition = "2021"\n\n'
+  awk '/^```toml$/ {f = 1; next} /^```$/ {if (f) exit} f' "$HERE/README.md" | sed "s|/path/to/pagedattn|$SRC|"
+  printf '\n[workspace]\n'
+} >"$APP/Cargo.toml"
+awk '/^```rust,ignore$/ {f = 1; next} /^```$/ {if (f == 2) exit; f = 0} f == 1 && /^\/\/ build\.rs/ {f = 2} f == 2' \
+  "$HERE/README.md" >"$APP/build.rs"
+awk '/^```rust$/ {f = 1; next} /^```$/ {if (f) exit} f' "$HERE/README.md" >"$APP/src/main.rs"
+if [ ! -s "$APP/build.rs" ] || [ ! -s "$APP/src/main.rs" ]; then
+  echo "rust: FAILED: no build.rs or main.rs block found in README.md" >&2
+  exit 1
+fi
+# Outside bindings/rust, .cargo/config.toml does not apply: the README's command-line form.
+app_cargo() {
+  (cd "$APP" && CARGO_TARGET_DIR="$BUILD/rust-target-app" cargo build --offline -q \
+    --config 'source.crates-io.replace-with="debian"' \
+    --config 'source.debian.directory="/usr/share/cargo/registry"' "$@")
+}
+echo "== rust: README program, libpagedattn.so with build.rs's run path (PAGEDATTN_LIB_DIR), env -i"
+app_cargo
+run_bare "$BUILD/rust-target-app/debug/readme-app" dynamic
+echo "== rust: README program, feature pagedattn/static (pkg-config pagedattn-static), env -i"
+(unset PAGEDATTN_LIB_DIR; export PKG_CONFIG_PATH="$BUILD/meson-uninstalled${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+ app_cargo --features pagedattn/static)
+run_bare "$BUILD/rust-target-app/debug/readme-app" static
 echo "rust: all passed"

@@ -1,19 +1,27 @@
 //! Tells cargo how to link libpagedattn; with the `bindgen` feature, also regenerates the
 //! bindings from the C headers (otherwise the checked-in `src/bindings.rs` is used).
 //!
+//! By default the program links libpagedattn.so; with the `static` feature it links
+//! libpagedattn.a (core and cpu backend; the plugins are still loaded at run time) and the
+//! libraries the archive needs (`STATIC_DEPS`, or what `pagedattn-static.pc` lists), so it starts
+//! without a run path or `LD_LIBRARY_PATH`.
+//!
 //! Where the library is looked for, first hit wins:
-//! 1. `PAGEDATTN_LIB_DIR` (the directory holding libpagedattn.so) or `PAGEDATTN_LIBRARY` (the
-//!    file itself). A relative path is tried against the directory `cargo` was run from (`$PWD`),
-//!    the workspace (`bindings/rust`) and this package, since cargo runs this script in the
-//!    package's own directory.
-//! 2. `pkg-config pagedattn`, through the `pkg-config` crate (so `PKG_CONFIG_PATH` applies; a
-//!    Meson build tree's `meson-uninstalled/` directory works too).
+//! 1. `PAGEDATTN_LIB_DIR` (the directory holding libpagedattn.so, or libpagedattn.a with
+//!    `static`) or `PAGEDATTN_LIBRARY` (the file itself; with `static`, the archive). A relative
+//!    path is tried against the directory `cargo` was run from (`$PWD`), the workspace
+//!    (`bindings/rust`) and this package, since cargo runs this script in the package's own
+//!    directory.
+//! 2. `pkg-config pagedattn` (with `static`, `pkg-config pagedattn-static`), through the
+//!    `pkg-config` crate (so `PKG_CONFIG_PATH` applies; a Meson build tree's `meson-uninstalled/`
+//!    directory works too).
 //!
 //! Not finding the library is not an error: the script warns and still asks for `-lpagedattn`,
 //! so `cargo doc` and `cargo check` work without it and a real link fails naming the library.
 //! Under docs.rs (`DOCS_RS` set) nothing is probed.
 
 use std::env;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 /// What the search found: library directories and (when known) header directories.
@@ -22,10 +30,42 @@ struct Found {
     include_dirs: Vec<PathBuf>,
 }
 
+/// What libpagedattn.a needs besides itself, in link order, as `pagedattn-static.pc` lists it:
+/// Highway (run-time target detection), the C++ runtime, libm, dl (the plugin loader), threads.
+const STATIC_DEPS: &[&str] = &["hwy", "stdc++", "m", "dl", "pthread"];
+
+/// Whether the `static` feature asks for libpagedattn.a.
+fn want_static() -> bool {
+    env::var_os("CARGO_FEATURE_STATIC").is_some()
+}
+
 fn has_library(dir: &Path) -> bool {
-    ["libpagedattn.so", "libpagedattn.so.0", "libpagedattn.dylib", "pagedattn.lib"]
-        .iter()
-        .any(|name| dir.join(name).exists())
+    let names: &[&str] = if want_static() {
+        &["libpagedattn.a"]
+    } else {
+        &["libpagedattn.so", "libpagedattn.so.0", "libpagedattn.dylib", "pagedattn.lib"]
+    };
+    names.iter().any(|name| dir.join(name).exists())
+}
+
+/// Prints the link lines: the library (the archive with `static`, then its dependencies, which
+/// must follow it) and, when known, its directory.
+fn emit_link(lib_dir: Option<&Path>, static_deps: &[String]) {
+    if let Some(dir) = lib_dir {
+        println!("cargo:rustc-link-search=native={}", dir.display());
+    }
+    if want_static() {
+        println!("cargo:rustc-link-lib=static=pagedattn");
+        for dep in static_deps {
+            println!("cargo:rustc-link-lib=dylib={dep}");
+        }
+    } else {
+        println!("cargo:rustc-link-lib=dylib=pagedattn");
+    }
+}
+
+fn default_static_deps() -> Vec<String> {
+    STATIC_DEPS.iter().map(|d| d.to_string()).collect()
 }
 
 /// Resolves a path from variable `var`: absolute as is; relative against `$PWD`, the workspace
@@ -69,21 +109,37 @@ fn from_env() -> Option<Found> {
         resolve("PAGEDATTN_LIB_DIR", &dir, has_library)
     } else {
         let file = resolve("PAGEDATTN_LIBRARY", &var("PAGEDATTN_LIBRARY")?, Path::is_file);
+        if want_static() && file.extension() != Some(OsStr::new("a")) {
+            panic!("PAGEDATTN_LIBRARY={}: the `static` feature links libpagedattn.a, not this file", file.display());
+        }
         file.parent().expect("a file has a parent").to_path_buf()
     };
     let include_dirs = match var("PAGEDATTN_INCLUDE_DIRS") {
         Some(dirs) => dirs.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect(),
         None => include_dirs_near(&lib_dir),
     };
-    println!("cargo:rustc-link-search=native={}", lib_dir.display());
-    println!("cargo:rustc-link-lib=dylib=pagedattn");
+    emit_link(Some(&lib_dir), &default_static_deps());
     Some(Found { lib_dirs: vec![lib_dir], include_dirs })
 }
 
-/// The library as `pkg-config pagedattn` describes it (the crate prints the link lines).
+/// The library as `pkg-config pagedattn` describes it (the crate prints the link lines; a run
+/// path in the file's Libs reaches only this package's own targets). With `static`,
+/// `pagedattn-static`: its `archive` variable is the path of libpagedattn.a, and its `-l`
+/// flags the archive's dependencies.
 fn from_pkg_config() -> Result<Found, String> {
-    let lib = pkg_config::Config::new().probe("pagedattn").map_err(|e| e.to_string())?;
-    Ok(Found { lib_dirs: lib.link_paths, include_dirs: lib.include_paths })
+    println!("cargo:rerun-if-env-changed=PKG_CONFIG_PATH");
+    if !want_static() {
+        let lib = pkg_config::Config::new().probe("pagedattn").map_err(|e| e.to_string())?;
+        return Ok(Found { lib_dirs: lib.link_paths, include_dirs: lib.include_paths });
+    }
+    let lib = pkg_config::Config::new().cargo_metadata(false).probe("pagedattn-static").map_err(|e| e.to_string())?;
+    let archive = PathBuf::from(pkg_config::get_variable("pagedattn-static", "archive").map_err(|e| e.to_string())?);
+    let lib_dir = archive.parent().map(Path::to_path_buf).unwrap_or_default();
+    if archive.file_name() != Some(OsStr::new("libpagedattn.a")) || !archive.is_file() {
+        return Err(format!("pagedattn-static.pc names {} as the archive: not an existing libpagedattn.a", archive.display()));
+    }
+    emit_link(Some(&lib_dir), &lib.libs);
+    Ok(Found { lib_dirs: vec![lib_dir], include_dirs: lib.include_paths })
 }
 
 #[cfg(feature = "bindgen")]
@@ -121,13 +177,18 @@ fn main() {
     let found = match from_env().map(Ok).unwrap_or_else(from_pkg_config) {
         Ok(found) => found,
         Err(why) => {
+            let (file, pc) = if want_static() {
+                ("libpagedattn.a", "pagedattn-static")
+            } else {
+                ("libpagedattn.so", "pagedattn")
+            };
             println!(
-                "cargo:warning=libpagedattn not found: set PAGEDATTN_LIB_DIR=<dir with libpagedattn.so> \
-                 or make `pkg-config pagedattn` work (PKG_CONFIG_PATH); linking will fail ({})",
+                "cargo:warning=libpagedattn not found: set PAGEDATTN_LIB_DIR=<dir with {file}> \
+                 or make `pkg-config {pc}` work (PKG_CONFIG_PATH); linking will fail ({})",
                 // A cargo warning is one line; pkg-config's own stderr says what it missed.
                 why.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
             );
-            println!("cargo:rustc-link-lib=dylib=pagedattn");
+            emit_link(None, &default_static_deps());
             let source = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo")).join("../../../include");
             let include_dirs = env::var("PAGEDATTN_INCLUDE_DIRS")
                 .map(|d| d.split(':').filter(|d| !d.is_empty()).map(PathBuf::from).collect())

@@ -14,19 +14,24 @@
 //! # Linking and running
 //!
 //! The build script looks for the library in `PAGEDATTN_LIB_DIR` (or the file
-//! `PAGEDATTN_LIBRARY`), then through `pkg-config pagedattn`; see the crate's README. It links
-//! `libpagedattn.so` dynamically and records no run-time search path: cargo passes a build
-//! script's `rustc-link-arg` only to the package's own binaries, tests and examples, never to
-//! dependents. A program using this crate finds the library at run time through one of:
+//! `PAGEDATTN_LIBRARY`), then through `pkg-config pagedattn`; see the crate's README. By default
+//! it links `libpagedattn.so` dynamically and records no run-time search path: cargo passes a
+//! build script's `rustc-link-arg` only to the package's own binaries, tests and examples, never
+//! to dependents. A program using this crate finds the library at run time through one of:
 //!
+//! - an rpath linked into the program by its own `build.rs`, the README's recipe: emit
+//!   `cargo:rustc-link-arg=-Wl,-rpath,<dir>`. A package that depends on `pagedattn-sys`
+//!   directly reads that directory from `DEP_PAGEDATTN_LIB_DIR` (set by cargo from this crate's
+//!   `links = "pagedattn"` metadata; `DEP_PAGEDATTN_INCLUDE` holds the header directories).
+//!   Alternatively set `RUSTFLAGS="-C link-arg=-Wl,-rpath,<dir>"`;
 //! - an installed library on the loader's default path (`meson install` to `/usr/local`, then
 //!   `ldconfig`);
-//! - `LD_LIBRARY_PATH=<dir of libpagedattn.so>` when starting the program;
-//! - an rpath linked into the program: in the program's own `build.rs`, emit
-//!   `cargo:rustc-link-arg-bins=-Wl,-rpath,<dir>`. A package that depends on `pagedattn-sys`
-//!   directly reads that directory from `DEP_PAGEDATTN_LIB_DIR` (set by cargo from this
-//!   crate's `links = "pagedattn"` metadata; `DEP_PAGEDATTN_INCLUDE` holds the header
-//!   directories). Alternatively set `RUSTFLAGS="-C link-arg=-Wl,-rpath,<dir>"`.
+//! - `LD_LIBRARY_PATH=<dir of libpagedattn.so>` when starting the program.
+//!
+//! The `static` feature links `libpagedattn.a` instead (found the same way, through
+//! `pkg-config pagedattn-static` for pkg-config), with the C++ runtime and Highway, so the
+//! program needs none of these; the plugin backends are still loaded at run time, from
+//! `PAGEDATTN_PLUGIN_PATH`.
 //!
 //! When the library is not found the build script only warns, so `cargo doc` and `cargo check`
 //! work without it; a link then fails with "unable to find library -lpagedattn".

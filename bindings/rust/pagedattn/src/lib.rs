@@ -47,11 +47,12 @@
 //! # Linking and running
 //!
 //! `pagedattn-sys` finds the library at build time through `PAGEDATTN_LIB_DIR` or `pkg-config
-//! pagedattn` and links it dynamically, without an rpath (cargo never passes one to dependents).
-//! At run time the program needs the library on the loader's path: install it (`meson install`,
-//! `ldconfig`), set `LD_LIBRARY_PATH`, or link an rpath into the program; see `pagedattn_sys`'s
-//! documentation and the README for each. Without the library, `cargo doc` and `cargo check`
-//! still work (the bindings are pre-generated).
+//! pagedattn` and links it dynamically, without an rpath (cargo never passes one to dependents):
+//! the README's `build.rs` links one into the program, or install the library (`meson install`,
+//! `ldconfig`) or set `LD_LIBRARY_PATH`. The `static` feature links `libpagedattn.a` into the
+//! program instead, which then needs none of these; see `pagedattn_sys`'s documentation and the
+//! README. Without the library, `cargo doc` and `cargo check` still work (the bindings are
+//! pre-generated).
 //!
 //! ```no_run
 //! use pagedattn::{AttentionOptions, Backend, Batch, BatchDesc, CacheDesc, DType, ForwardArgs,
