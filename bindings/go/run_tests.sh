@@ -111,9 +111,14 @@ run_bare() {
   fi
   tail -1 "$TMP/bare.log"
 }
-echo "== go: README program, libpagedattn.so through pagedattn.pc's run path, run with env -i"
-(cd "$TMP/readme" && go build -o "$TMP/readme-dynamic" .)
-run_bare "$TMP/readme-dynamic" dynamic || status=1
+if pkg-config --libs pagedattn | grep -q -- '-rpath'; then
+  echo "== go: README program, libpagedattn.so through pagedattn.pc's run path, run with env -i"
+  (cd "$TMP/readme" && go build -o "$TMP/readme-dynamic" .)
+  run_bare "$TMP/readme-dynamic" dynamic || status=1
+else
+  # A build set up with --prefix=/usr writes no run path into pagedattn.pc, uninstalled or not.
+  echo "== go: README program with libpagedattn.so under env -i skipped: pagedattn.pc has no run path (prefix /usr)"
+fi
 echo "== go: README program, -tags pagedattn_static (libpagedattn.a), run with env -i"
 (cd "$TMP/readme" && go build -tags pagedattn_static -o "$TMP/readme-static" .)
 run_bare "$TMP/readme-static" static || status=1
