@@ -39,6 +39,7 @@ class Attention : public pat::BackendTest {
       AttnCase c = gen(rng, i);
       if (!supported(c)) continue;
       const uint64_t seed = rng();
+      if (!pat::case_sampled(master, static_cast<size_t>(i), static_cast<size_t>(count))) continue;
       pat::CaseResult res;
       auto r = pat::run_attention_case(be, c, seed, &res);
       if (verbose_)

@@ -18,10 +18,29 @@ uint64_t test_seed() {
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
+namespace {
+
+uint64_t sample_every() {
+  const char* s = std::getenv("PAGEDATTN_TEST_SAMPLE");
+  const uint64_t n = s && *s ? std::strtoull(s, nullptr, 0) : 1;
+  return n > 1 ? n : 1;
+}
+
+}  // namespace
+
 std::string seed_note(uint64_t seed) {
   std::ostringstream o;
-  o << "seed=" << seed << " (rerun: PAGEDATTN_TEST_SEED=" << seed << ")";
+  o << "seed=" << seed << " (rerun: PAGEDATTN_TEST_SEED=" << seed;
+  if (sample_every() > 1) o << " PAGEDATTN_TEST_SAMPLE=" << sample_every();
+  o << ")";
   return o.str();
+}
+
+bool case_sampled(uint64_t master, size_t index, size_t count) {
+  const uint64_t n = sample_every();
+  if (n == 1) return true;
+  if (count <= n) return index == master % count;
+  return (index + master) % n == 0;
 }
 
 namespace {

@@ -49,8 +49,13 @@ const char* dtype_str(pagedattn_dtype dt);
 /* ---- seeds ---- */
 /* PAGEDATTN_TEST_SEED if set, else a fresh std::random_device value. */
 uint64_t test_seed();
-/* "seed=N (rerun: PAGEDATTN_TEST_SEED=N)" for SCOPED_TRACE. */
+/* "seed=N (rerun: PAGEDATTN_TEST_SEED=N)" for SCOPED_TRACE; names the sample below too. */
 std::string seed_note(uint64_t seed);
+/* PAGEDATTN_TEST_SAMPLE=N (N > 1) makes the random-case loops run one case in N: those whose index
+ * plus the master seed is a multiple of N (a loop of N cases or fewer runs one), so the seed
+ * names the subset. The sanitizer builds of the emulated GPU suites set it (tests/gpusim); unset
+ * or 1 runs every case. True when case `index` of `count` runs. */
+bool case_sampled(uint64_t master, size_t index, size_t count);
 
 /* ---- device memory (host on CPU; tests/gpu registers hooks for GPU device types) ---- */
 struct device_hooks {
