@@ -53,13 +53,15 @@ const char* missing_op(const pa_backend_ops* o) {
   return nullptr;
 }
 
-/* Directory holding this library, found through one of our own symbols. */
+/* Directory holding this library, found through one of our own symbols. A name without a slash
+ * is a program that linked the core statically and was started through PATH: it has no
+ * directory to trust, and the working directory is never searched. */
 std::string own_directory() {
   Dl_info info;
   if (dladdr(reinterpret_cast<void*>(&backend_ops), &info) == 0 || !info.dli_fname) return "";
   std::string path = info.dli_fname;
   const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
+  if (slash == std::string::npos) return "";
   return slash == 0 ? std::string("/") : path.substr(0, slash);
 }
 
