@@ -33,10 +33,19 @@ void check_same_backend(const pagedattn_kv_cache* c, const pagedattn_backend* b,
 extern "C" {
 
 PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init(pagedattn_batch_desc* desc) {
+  /* The 0.1 layout only: callers that bound this symbol with a 0.1 struct (binaries, FFI
+   * mirrors) must not be written past its end. */
+  return pagedattn_batch_desc_init_sized(
+      desc, static_cast<uint32_t>(pa::first_size<pagedattn_batch_desc>()));
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init_sized(pagedattn_batch_desc* desc,
+                                                              uint32_t size) {
   return pa::guard([&] {
     if (!desc) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "desc is NULL");
-    std::memset(desc, 0, sizeof *desc);
-    desc->struct_size = sizeof *desc;
+    pa::check_struct_size(size, pa::first_size<pagedattn_batch_desc>(), sizeof *desc, "desc");
+    std::memset(desc, 0, size);
+    desc->struct_size = size;
   });
 }
 

@@ -80,6 +80,10 @@ constexpr size_t first_size<pagedattn_capabilities>() {
   return offsetof(pagedattn_capabilities, target); /* 0.1 */
 }
 template <>
+constexpr size_t first_size<pagedattn_batch_desc>() {
+  return offsetof(pagedattn_batch_desc, lens_form); /* 0.1 */
+}
+template <>
 constexpr size_t first_size<pagedattn_batch_info>() {
   return offsetof(pagedattn_batch_info, host_bytes); /* 0.1 */
 }

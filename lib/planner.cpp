@@ -98,15 +98,83 @@ uint64_t plan_host_bytes(const PlanCaps& caps, const Geometry& self, const Geome
   return ovf ? UINT64_MAX : total;
 }
 
-void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& cross,
+namespace {
+
+/* The SEQ form (seq_lens + query_start_loc) turned into the query and context lengths the rest
+ * of planning reads; the CONTEXT form's arrays are checked to be the only ones set. */
+void read_lens_form(const pagedattn_batch_desc& d, std::vector<int32_t>& qlens,
+                    std::vector<int32_t>& ctxs, const int32_t** q_out, const int32_t** c_out) {
+  const int32_t n = d.num_seqs;
+  const int32_t form = raw_enum(d.lens_form);
+  *q_out = d.query_lens;
+  *c_out = d.context_lens;
+  if (form == PAGEDATTN_BATCH_LENS_CONTEXT) {
+    if (d.seq_lens || d.query_start_loc)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "desc->%s is set but desc->lens_form is PAGEDATTN_BATCH_LENS_CONTEXT (query_lens + "
+           "context_lens); set lens_form = PAGEDATTN_BATCH_LENS_SEQ to pass seq_lens with "
+           "query_start_loc",
+           d.seq_lens ? "seq_lens" : "query_start_loc");
+    if (n > 0 && !d.query_lens)
+      fail(PAGEDATTN_ERROR_NULL_POINTER, "desc->query_lens is NULL (num_seqs = %d)", n);
+    if (n > 0 && !d.context_lens)
+      fail(PAGEDATTN_ERROR_NULL_POINTER, "desc->context_lens is NULL (num_seqs = %d)", n);
+    return;
+  }
+  if (form != PAGEDATTN_BATCH_LENS_SEQ)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->lens_form = %d is not PAGEDATTN_BATCH_LENS_CONTEXT (0) or "
+         "PAGEDATTN_BATCH_LENS_SEQ (1)",
+         form);
+  if (d.query_lens || d.context_lens)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->%s is set but desc->lens_form is PAGEDATTN_BATCH_LENS_SEQ (seq_lens + "
+         "query_start_loc); pass one form only",
+         d.query_lens ? "query_lens" : "context_lens");
+  if (n > 0 && !d.seq_lens)
+    fail(PAGEDATTN_ERROR_NULL_POINTER, "desc->seq_lens is NULL (num_seqs = %d)", n);
+  if (n > 0 && !d.query_start_loc)
+    fail(PAGEDATTN_ERROR_NULL_POINTER,
+         "desc->query_start_loc is NULL (num_seqs = %d; it has num_seqs + 1 entries)", n);
+  qlens.resize(static_cast<size_t>(n));
+  ctxs.resize(static_cast<size_t>(n));
+  if (n == 0) return;
+  if (d.query_start_loc[0] != 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->query_start_loc[0] = %d, must be 0 (the first sequence starts at row 0)",
+         d.query_start_loc[0]);
+  for (int32_t i = 0; i < n; ++i) {
+    const int64_t q =
+        static_cast<int64_t>(d.query_start_loc[i + 1]) - d.query_start_loc[i];
+    if (q < 0)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "desc->query_start_loc[%d] = %d < query_start_loc[%d] = %d: sequence %d would have "
+           "a negative query length",
+           i + 1, d.query_start_loc[i + 1], i, d.query_start_loc[i], i);
+    const int32_t sl = d.seq_lens[i];
+    if (sl < q)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "desc->seq_lens[%d] = %d < %lld, the query length of sequence %d (query_start_loc[%d] "
+           "- query_start_loc[%d]): seq_lens counts the cached tokens and this step's",
+           i, sl, static_cast<long long>(q), i, i + 1, i);
+    qlens[static_cast<size_t>(i)] = static_cast<int32_t>(q);
+    ctxs[static_cast<size_t>(i)] = static_cast<int32_t>(sl - q);
+  }
+  *q_out = qlens.data();
+  *c_out = ctxs.data();
+}
+
+}  // namespace
+
+void plan(const pagedattn_batch_desc& desc, const Geometry& self, const Geometry& cross,
           const PlanCaps* caps, PlanCaps* caps_out, Plan& out,
           const std::function<void(const PlanCaps&)>& admit) {
-  const int32_t n = d.num_seqs;
+  const int32_t n = desc.num_seqs;
   if (n < 0) fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->num_seqs = %d < 0", n);
-  if (n > 0 && !d.query_lens)
-    fail(PAGEDATTN_ERROR_NULL_POINTER, "desc->query_lens is NULL (num_seqs = %d)", n);
-  if (n > 0 && !d.context_lens)
-    fail(PAGEDATTN_ERROR_NULL_POINTER, "desc->context_lens is NULL (num_seqs = %d)", n);
+  /* Either form becomes query_lens + context_lens; `d` is desc with those two set. */
+  std::vector<int32_t> seq_qlens, seq_ctxs;
+  pagedattn_batch_desc d = desc;
+  read_lens_form(desc, seq_qlens, seq_ctxs, &d.query_lens, &d.context_lens);
   if (d.block_tables && !self.present)
     fail(PAGEDATTN_ERROR_NULL_POINTER, "cache is NULL but desc->block_tables is set");
   if (d.slot_mapping && !self.present)
@@ -310,6 +378,7 @@ void plan(const pagedattn_batch_desc& d, const Geometry& self, const Geometry& c
     out.cross_tables.clear();
     out.cross_slots.clear();
   }
+  out.caller_slots = self.present && d.slot_mapping;
   find_slot_repeat(out.slots, out.slot_repeat);
   find_slot_repeat(out.cross_slots, out.cross_slot_repeat);
 }
@@ -375,6 +444,7 @@ void copy_plan(Plan& dst, const Plan& src) {
   dst.has_chunked_prefill = src.has_chunked_prefill;
   dst.num_decode = src.num_decode;
   dst.num_prefill = src.num_prefill;
+  dst.caller_slots = src.caller_slots;
   std::copy(src.slot_repeat, src.slot_repeat + 2, dst.slot_repeat);
   std::copy(src.cross_slot_repeat, src.cross_slot_repeat + 2, dst.cross_slot_repeat);
 }

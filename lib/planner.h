@@ -45,6 +45,7 @@ struct Plan {
   bool has_chunked_prefill = false;  /* a sequence with query_len > 1 and context_len > 0 */
   int32_t num_decode = 0;
   int32_t num_prefill = 0;
+  bool caller_slots = false;       /* slots came from desc->slot_mapping */
   /* The first two tokens (rows of slots / cross_slots) found to share a slot, else -1: a
    * writing forward refuses the batch, since which row would land is not defined. */
   int64_t slot_repeat[2] = {-1, -1};

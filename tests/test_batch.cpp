@@ -1,6 +1,7 @@
 // Batch planning: slot mapping, query_start, info, caller and cross slot mappings, in-place
 // update within capacity, and every refusal.
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <numeric>
 
@@ -507,4 +508,206 @@ TEST_F(Batch, CrossTableWidthOverflowRefused) {
   ASSERT_EQ(pagedattn_batch_get_cross_slot_mapping(&cs, &cn, b), PAGEDATTN_OK);
   EXPECT_EQ(std::vector<int64_t>(cs, cs + cn), (std::vector<int64_t>{16, 17}));
   pagedattn_batch_destroy(b);
+}
+
+TEST_F(Batch, SeqLensFormPlansTheSameBatch) {
+  // seq_lens (context + new tokens) with query_start_loc, as vLLM v1 and FlashInfer hold them,
+  // give the batch query_lens + context_lens give: slots, query starts and info, at create and
+  // through update (either form updating a batch planned in the other).
+  const uint64_t seed = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  for (int rep = 0; rep < 20; ++rep) {
+    auto seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 9), 9, 20, true);
+    const int n = static_cast<int>(seqs.size());
+    int32_t width = 1;
+    for (auto& s : seqs) width = std::max(width, (s.ctx + s.qlen + bs - 1) / bs);
+    std::vector<int32_t> ids(nb);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    std::vector<int32_t> q(n), c(n), sl(n), qsl(n + 1, 0), tab(static_cast<size_t>(n) * width);
+    for (size_t i = 0; i < tab.size(); ++i) tab[i] = ids[i % nb];
+    for (int i = 0; i < n; ++i) {
+      q[i] = seqs[i].qlen;
+      c[i] = seqs[i].ctx;
+      sl[i] = c[i] + q[i];
+      qsl[i + 1] = qsl[i] + q[i];
+    }
+    describe(q, c, tab, width);
+    pagedattn_batch_desc sd;
+    ASSERT_EQ(pagedattn_batch_desc_init_sized(&sd, sizeof sd), PAGEDATTN_OK);
+    sd.num_seqs = n;
+    sd.lens_form = PAGEDATTN_BATCH_LENS_SEQ;
+    sd.seq_lens = sl.data();
+    sd.query_start_loc = qsl.data();
+    sd.block_tables = tab.data();
+    sd.block_table_stride = width;
+    bd.max_num_tokens = sd.max_num_tokens = 100;  // room for the decode step below
+    auto snapshot = [&](pagedattn_batch* b, std::vector<int64_t>* sm, std::vector<int32_t>* qs,
+                        pagedattn_batch_info* info) {
+      const int64_t* s = nullptr;
+      int64_t sn = -1;
+      ASSERT_EQ(pagedattn_batch_get_slot_mapping(&s, &sn, b), PAGEDATTN_OK);
+      sm->assign(s, s + sn);
+      const int32_t* st = nullptr;
+      int32_t stn = -1;
+      ASSERT_EQ(pagedattn_batch_get_query_start(&st, &stn, b), PAGEDATTN_OK);
+      qs->assign(st, st + stn);
+      *info = pagedattn_batch_info{};
+      info->struct_size = sizeof *info;
+      ASSERT_EQ(pagedattn_batch_get_info(info, b), PAGEDATTN_OK);
+    };
+    pagedattn_batch *bc = nullptr, *bs2 = nullptr;
+    ASSERT_EQ(pagedattn_batch_create(&bc, be, cache, nullptr, &bd), PAGEDATTN_OK)
+        << pat::last_error();
+    ASSERT_EQ(pagedattn_batch_create(&bs2, be, cache, nullptr, &sd), PAGEDATTN_OK)
+        << pat::last_error();
+    std::vector<int64_t> sm_c, sm_s;
+    std::vector<int32_t> qs_c, qs_s;
+    pagedattn_batch_info in_c, in_s;
+    snapshot(bc, &sm_c, &qs_c, &in_c);
+    snapshot(bs2, &sm_s, &qs_s, &in_s);
+    EXPECT_EQ(sm_c, sm_s);
+    EXPECT_EQ(qs_c, qs_s);
+    EXPECT_EQ(qs_s, qsl);
+    EXPECT_EQ(std::memcmp(&in_c, &in_s, sizeof in_c), 0) << "batch info differs between forms";
+    // Update each batch with the other's form of a decode step of the same sequences.
+    std::vector<int32_t> q1(n, 1), c1(n), sl1(n), qsl1(n + 1);
+    for (int i = 0; i < n; ++i) {
+      c1[i] = std::min(c[i], width * bs - 1);
+      sl1[i] = c1[i] + 1;
+      qsl1[i + 1] = i + 1;
+    }
+    qsl1[0] = 0;
+    pagedattn_batch_desc ud = bd, us = sd;
+    ud.query_lens = q1.data();
+    ud.context_lens = c1.data();
+    us.seq_lens = sl1.data();
+    us.query_start_loc = qsl1.data();
+    ASSERT_EQ(pagedattn_batch_update(bc, &us), PAGEDATTN_OK) << pat::last_error();
+    ASSERT_EQ(pagedattn_batch_update(bs2, &ud), PAGEDATTN_OK) << pat::last_error();
+    snapshot(bc, &sm_c, &qs_c, &in_c);
+    snapshot(bs2, &sm_s, &qs_s, &in_s);
+    EXPECT_EQ(sm_c, sm_s);
+    EXPECT_EQ(qs_c, qsl1);
+    EXPECT_EQ(qs_s, qsl1);
+    ASSERT_EQ(static_cast<int>(sm_c.size()), n);
+    for (int i = 0; i < n; ++i)
+      EXPECT_EQ(sm_c[i], static_cast<int64_t>(tab[i * width + c1[i] / bs]) * bs + c1[i] % bs)
+          << "seq " << i;
+    pagedattn_batch_destroy(bc);
+    pagedattn_batch_destroy(bs2);
+  }
+}
+
+TEST_F(Batch, DescInitSizesAndOldStructSize) {
+  // pagedattn_batch_desc_init fills the 0.1 layout only (never past an old caller's struct);
+  // init_sized fills what it is told. A 0.1-sized desc reads as the CONTEXT form whatever lies
+  // past its struct_size.
+  const size_t v01 = offsetof(pagedattn_batch_desc, lens_form);
+  std::vector<uint8_t> mem(sizeof(pagedattn_batch_desc) + 8, 0xAB);
+  auto* d = reinterpret_cast<pagedattn_batch_desc*>(mem.data());
+  ASSERT_EQ(pagedattn_batch_desc_init(d), PAGEDATTN_OK);
+  EXPECT_EQ(d->struct_size, v01);
+  for (size_t i = sizeof(uint32_t); i < v01; ++i) EXPECT_EQ(mem[i], 0) << "byte " << i;
+  for (size_t i = v01; i < mem.size(); ++i)
+    ASSERT_EQ(mem[i], 0xAB) << "desc_init wrote byte " << i << " past the 0.1 layout";
+  std::fill(mem.begin(), mem.end(), 0xAB);
+  ASSERT_EQ(pagedattn_batch_desc_init_sized(d, sizeof *d), PAGEDATTN_OK);
+  EXPECT_EQ(d->struct_size, sizeof *d);
+  EXPECT_EQ(d->lens_form, PAGEDATTN_BATCH_LENS_CONTEXT);
+  EXPECT_EQ(d->seq_lens, nullptr);
+  EXPECT_EQ(d->query_start_loc, nullptr);
+  for (size_t i = sizeof *d; i < mem.size(); ++i) EXPECT_EQ(mem[i], 0xAB) << "byte " << i;
+  EXPECT_TRUE(status_is(pagedattn_batch_desc_init_sized(d, 8), PAGEDATTN_ERROR_STRUCT_SIZE,
+                        "desc->struct_size = 8"));
+  EXPECT_TRUE(status_is(pagedattn_batch_desc_init_sized(d, sizeof *d + 8),
+                        PAGEDATTN_ERROR_STRUCT_SIZE, "is not a known size"));
+  EXPECT_TRUE(status_is(pagedattn_batch_desc_init_sized(nullptr, sizeof *d),
+                        PAGEDATTN_ERROR_NULL_POINTER, "desc is NULL"));
+
+  // A caller built against 0.1: struct_size covers the 0.1 fields, garbage follows.
+  describe({2, 1}, {3, 7}, {5, 6, 7, 8}, 2);
+  bd.struct_size = static_cast<uint32_t>(v01);
+  std::memset(reinterpret_cast<char*>(&bd) + v01, 0x5A, sizeof bd - v01);
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  EXPECT_TRUE(info_is(2, 3));
+  const auto sm = slots();
+  ASSERT_EQ(sm.size(), 3u);
+  EXPECT_EQ(sm[0], 5 * bs + 3);  // sequence 0: positions 3, 4 (blocks 5, 6)
+  EXPECT_EQ(sm[1], 6 * bs + 0);
+  EXPECT_EQ(sm[2], 8 * bs + 3);  // sequence 1: position 7 (block 8)
+  // And updated the same way.
+  ASSERT_EQ(pagedattn_batch_update(batch, &bd), PAGEDATTN_OK) << pat::last_error();
+  EXPECT_EQ(slots(), sm);
+}
+
+TEST_F(Batch, SeqLensFormRefusals) {
+  // Each refusal of the SEQ form: its status, a message naming the field, the sequence and the
+  // values, and nothing created (create) or changed (update).
+  pagedattn_batch* const sentinel = reinterpret_cast<pagedattn_batch*>(0x30);
+  std::vector<int32_t> sl, qsl;
+  std::vector<int32_t> tab = {0, 1, 2, 3, 4, 5};
+  pagedattn_batch_desc sd;
+  auto seq_desc = [&](std::vector<int32_t> s, std::vector<int32_t> starts) {
+    sl = std::move(s);
+    qsl = std::move(starts);
+    ASSERT_EQ(pagedattn_batch_desc_init_sized(&sd, sizeof sd), PAGEDATTN_OK);
+    sd.num_seqs = static_cast<int32_t>(sl.size());
+    sd.lens_form = PAGEDATTN_BATCH_LENS_SEQ;
+    sd.seq_lens = sl.data();
+    sd.query_start_loc = qsl.data();
+    sd.block_tables = tab.data();
+    sd.block_table_stride = 3;
+  };
+  // A batch to update: one decode and one prefill chunk (capacity for 8 tokens).
+  seq_desc({6, 5}, {0, 1, 4});
+  sd.max_num_tokens = 8;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &sd), PAGEDATTN_OK)
+      << pat::last_error();
+  const auto sm0 = slots();
+  ASSERT_EQ(sm0, (std::vector<int64_t>{1 * bs + 1, 3 * bs + 2, 3 * bs + 3, 4 * bs + 0}));
+  auto expect = [&](pagedattn_status st, const char* needle, const char* what) {
+    SCOPED_TRACE(what);
+    pagedattn_batch* b = sentinel;
+    EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, cache, nullptr, &sd), st, needle));
+    EXPECT_EQ(b, sentinel);
+    EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &sd), st, needle));
+    EXPECT_EQ(slots(), sm0) << "a refused update changed the batch";
+    EXPECT_TRUE(info_is(2, 4));
+  };
+  seq_desc({6, 2}, {0, 1, 4});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->seq_lens[1] = 2 < 3, the query length of sequence 1", "seq_len < query_len");
+  seq_desc({6, 5}, {1, 2, 4});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->query_start_loc[0] = 1, must be 0",
+         "query_start_loc not from 0");
+  seq_desc({6, 5}, {0, 3, 2});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->query_start_loc[2] = 2 < query_start_loc[1] = 3: sequence 1", "decreasing");
+  seq_desc({6, 5}, {0, 1, 4});
+  sd.seq_lens = nullptr;
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "desc->seq_lens is NULL", "NULL seq_lens");
+  seq_desc({6, 5}, {0, 1, 4});
+  sd.query_start_loc = nullptr;
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "desc->query_start_loc is NULL", "NULL query_start_loc");
+  seq_desc({6, 5}, {0, 1, 4});
+  std::vector<int32_t> ql = {1, 3};
+  sd.query_lens = ql.data();
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->query_lens is set but desc->lens_form is PAGEDATTN_BATCH_LENS_SEQ", "both forms");
+  seq_desc({6, 5}, {0, 1, 4});
+  sd.lens_form = static_cast<pagedattn_batch_lens_form>(7);
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->lens_form = 7 is not", "unknown form");
+  seq_desc({6, 5}, {0, 1, 4});
+  sd.lens_form = PAGEDATTN_BATCH_LENS_CONTEXT;
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->seq_lens is set but desc->lens_form is PAGEDATTN_BATCH_LENS_CONTEXT",
+         "seq_lens without the form");
+  // Past the capacity: the last query_start_loc is the token count.
+  seq_desc({6, 9}, {0, 1, 9});
+  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &sd), PAGEDATTN_ERROR_CAPACITY,
+                        "sum(query_lens) 9 > max_num_tokens 8"));
+  EXPECT_EQ(slots(), sm0);
 }

@@ -7,6 +7,12 @@
  * prefill; > 0: chunked prefill or a prefix-cache hit). Any mix, in any order. The tokens of
  * sequence i are rows query_start[i] .. query_start[i+1]-1 of q/k/v/out.
  *
+ * The lengths come in one of two forms (desc->lens_form): PAGEDATTN_BATCH_LENS_CONTEXT, the
+ * query_lens and context_lens above; or PAGEDATTN_BATCH_LENS_SEQ, as vLLM v1 and FlashInfer hold
+ * them: seq_lens[i] (context + this step's tokens) with query_start_loc[num_seqs + 1] (the row
+ * offsets: query_start_loc[0] == 0, query_len[i] = query_start_loc[i+1] - query_start_loc[i]),
+ * from which context_len[i] = seq_lens[i] - query_len[i]. Both plan the same batch.
+ *
  * Token j of sequence i sits at position p = context_lens[i] + j, in slot
  * table[i][p / block_size] * block_size + p % block_size. The library computes this slot mapping
  * (pagedattn_batch_get_slot_mapping) unless the caller passes its own. Two tokens of a batch may
@@ -41,18 +47,30 @@ extern "C" {
 
 typedef struct pagedattn_batch pagedattn_batch;
 
+/* Which length arrays a pagedattn_batch_desc carries (see the file comment). */
+typedef enum pagedattn_batch_lens_form {
+  /* query_lens + context_lens (tokens cached before this step); the 0.1 form and the default. */
+  PAGEDATTN_BATCH_LENS_CONTEXT = 0,
+  /* seq_lens (context + new tokens) + query_start_loc (row offsets, num_seqs + 1 entries), as
+   * vLLM v1's attention metadata and FlashInfer's qo_indptr / kv lengths hold them. */
+  PAGEDATTN_BATCH_LENS_SEQ = 1
+} pagedattn_batch_lens_form;
+
 /* Host arrays describing one step. The library copies what it needs; nothing is kept. */
 typedef struct pagedattn_batch_desc {
-  uint32_t struct_size;         /* sizeof(pagedattn_batch_desc) */
+  uint32_t struct_size;         /* sizeof(pagedattn_batch_desc), or the 0.1 size that
+                                   pagedattn_batch_desc_init sets (see the fields since 0.2) */
   int32_t num_seqs;             /* >= 0 */
+  /* The CONTEXT form (lens_form 0); both NULL in the SEQ form. */
   const int32_t* query_lens;    /* [num_seqs], each >= 0 */
   const int32_t* context_lens;  /* [num_seqs], each >= 0: tokens cached BEFORE this step (vLLM's
-                                   seq_lens minus query_lens; see docs/porting.md) */
+                                   seq_lens minus query_lens, or pass those two in the SEQ form;
+                                   see docs/porting.md) */
   const int32_t* block_tables;  /* [num_seqs][block_table_stride], row-major; NULL only for a
                                    batch used solely for encoder-only attention */
   int32_t block_table_stride;   /* entries per row */
-  /* Optional caller slot mapping: [sum(query_lens)] slots, -1 for padding. NULL = computed from
-   * the block tables. */
+  /* Optional caller slot mapping: [sum(query_lens)] slots, -1 for a row that writes nothing
+   * (e.g. a dummy sequence padding the batch). NULL = computed from the block tables. */
   const int64_t* slot_mapping;
   /* Cross attention only (NULL / 0 otherwise). */
   const int32_t* encoder_lens;        /* [num_seqs], each >= 0 */
@@ -70,10 +88,27 @@ typedef struct pagedattn_batch_desc {
                                    block_size, or cross_block_table_stride * the cross cache's
                                    block size if larger (at most INT32_MAX; without block tables
                                    this batch's maximum) */
+  /* Since 0.2, read only when struct_size covers them (pagedattn_batch_desc_init_sized); a
+   * shorter struct_size (0.1 callers, pagedattn_batch_desc_init) is the CONTEXT form. */
+  pagedattn_batch_lens_form lens_form; /* PAGEDATTN_BATCH_LENS_CONTEXT (0) or _SEQ */
+  /* The SEQ form (NULL in the CONTEXT form): */
+  const int32_t* seq_lens;        /* [num_seqs], each >= its query length: context + new tokens */
+  const int32_t* query_start_loc; /* [num_seqs + 1]: 0, then non-decreasing row offsets; the
+                                     last is the batch's token count */
 } pagedattn_batch_desc;
 
-/* Fills *desc with zeros and sets struct_size. Returns PAGEDATTN_ERROR_NULL_POINTER if NULL. */
+/* Fills the 0.1 fields of *desc with zeros and sets struct_size to the 0.1 size, so a binary or
+ * an FFI mirror of the 0.1 struct is never written past its end; the fields added since then
+ * are neither written nor read (the CONTEXT form). To use them, initialise with
+ * pagedattn_batch_desc_init_sized(desc, sizeof *desc) instead (or set struct_size yourself).
+ * Returns PAGEDATTN_ERROR_NULL_POINTER if NULL. */
 PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init(pagedattn_batch_desc* desc);
+
+/* Since 0.2: fills the first `size` bytes of *desc with zeros and sets struct_size = size (pass
+ * sizeof(pagedattn_batch_desc) as compiled). Returns PAGEDATTN_ERROR_NULL_POINTER,
+ * PAGEDATTN_ERROR_STRUCT_SIZE (a size this library does not know). */
+PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init_sized(pagedattn_batch_desc* desc,
+                                                              uint32_t size);
 
 /* Validates and plans a batch for `backend` against `cache` (block ids must be < its num_blocks;
  * block_size is taken from it) and, for cross attention, `cross_cache` (may be NULL otherwise;
@@ -83,7 +118,9 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init(pagedattn_batch_desc* d
  * for the capacities). Free with pagedattn_batch_destroy.
  * Returns: PAGEDATTN_ERROR_NULL_POINTER (out, backend, desc, a length array, or a table the batch
  * needs), PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_ARGUMENT (negative length or count,
- * capacity below this batch, slot_mapping entry < -1), PAGEDATTN_ERROR_OUT_OF_RANGE (a block id
+ * capacity below this batch, slot_mapping entry < -1, an unknown lens_form, the arrays of the
+ * other form set, query_start_loc[0] != 0 or decreasing, seq_lens[i] below sequence i's query
+ * length), PAGEDATTN_ERROR_OUT_OF_RANGE (a block id
  * outside its cache, a table row shorter than needed, a caller slot outside the cache),
  * PAGEDATTN_ERROR_OVERFLOW (sums that overflow), PAGEDATTN_ERROR_INVALID_HANDLE (a destroyed
  * backend or cache, or a cache of another backend), PAGEDATTN_ERROR_OUT_OF_MEMORY (host metadata
