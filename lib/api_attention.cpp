@@ -1,5 +1,6 @@
 /* lib/api_attention.cpp — entry points of attention.h: forward (options, handles, attention-type
  * rules, tensors and capabilities checked, then one backend op) and merge_states. */
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
@@ -50,6 +51,29 @@ void check_planned_geometry(const pagedattn_kv_cache* c, const Geometry& g, cons
     fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
          "cache num_blocks %d != %d of the %s the batch was planned with", c->desc.num_blocks,
          g.num_blocks, what);
+}
+
+/* Two sequences' computed slots collide where their positions ran past what their tables
+ * hold: the usual sign of vLLM's seq_lens (context + new tokens) passed as context_lens, which
+ * puts every token query_len positions late, into the table's padding entries (often block 0).
+ * True when the slots were computed, the rows are of two sequences and both have
+ * context_len >= query_len (as a seq_len passed there would). */
+constexpr const char* kSeqLensHint =
+    "; these rows are of two sequences whose context_lens are at least their query_lens: if "
+    "context_lens holds vLLM's seq_lens (cached + new tokens), pass them as desc->seq_lens with "
+    "query_start_loc and lens_form = PAGEDATTN_BATCH_LENS_SEQ, or subtract query_lens";
+
+bool looks_like_seq_lens(const Plan& p, const int64_t rep[2]) {
+  if (p.caller_slots) return false;
+  int32_t seq[2];
+  for (int k = 0; k < 2; ++k) {
+    const auto it = std::upper_bound(p.query_start.begin(), p.query_start.end(),
+                                     static_cast<int32_t>(rep[k]));
+    seq[k] = static_cast<int32_t>(it - p.query_start.begin()) - 1;
+    if (seq[k] < 0 || seq[k] >= p.num_seqs) return false;
+    if (p.context_lens[seq[k]] < p.query_lens[seq[k]]) return false;
+  }
+  return seq[0] != seq[1];
 }
 
 }  // namespace
@@ -177,13 +201,16 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     const pagedattn_dtype dt = pa::tensor_float_dtype(q, "q");
     pa_forward_args a;
     std::memset(&a, 0, sizeof a);
-    a.q = pa::resolve3(q, "q", T, H, D, dt, dev);
+    /* q/k/v/out/lse may have more rows than the batch (a token dimension padded for a captured
+     * graph): the backends get the batch's rows only, so padding rows are neither read nor
+     * written. */
+    a.q = pa::resolve3(q, "q", T, H, D, dt, dev, true);
     if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
     const pagedattn_dtype odt = pa::tensor_float_dtype(out, "out");
     if (odt != dt)
       pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "q: dtype %s != out dtype %s", pa::dtype_name(dt),
                pa::dtype_name(odt));
-    a.out = pa::resolve3(out, "out", T, H, D, dt, dev);
+    a.out = pa::resolve3(out, "out", T, H, D, dt, dev, true);
     const int64_t kv_rows = cross ? pb.num_encoder_tokens : T;
     const bool need_kv = encoder_like || (o.write_kv && kv_rows > 0);
     if (need_kv) {
@@ -200,14 +227,14 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
       if (vdt != dt)
         pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "v: dtype %s != q dtype %s", pa::dtype_name(vdt),
                  pa::dtype_name(dt));
-      a.k = pa::resolve3(k, "k", kv_rows, Hkv, D, dt, dev);
-      a.v = pa::resolve3(v, "v", kv_rows, Hkv, D, dt, dev);
+      a.k = pa::resolve3(k, "k", kv_rows, Hkv, D, dt, dev, true);
+      a.v = pa::resolve3(v, "v", kv_rows, Hkv, D, dt, dev, true);
     } else {
       a.k.dtype = a.v.dtype = dt;
       a.k.heads = a.v.heads = Hkv;
       a.k.dim = a.v.dim = D;
     }
-    if (lse) a.lse = pa::resolve_lse(lse, "lse", T, H, dev);
+    if (lse) a.lse = pa::resolve_lse(lse, "lse", T, H, dev, true);
     if (c && o.write_kv && kv_rows > 0) {
       /* Two rows of one write into one slot: which would land is not defined, so refuse. */
       const int64_t* rep = cross ? h->plan.cross_slot_repeat : h->plan.slot_repeat;
@@ -219,11 +246,12 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
                  "write_kv: %s rows %lld and %lld of this batch both write slot %lld (block "
                  "%lld, offset %lld) of the %scache; a call writes each slot at most once "
                  "(block tables that share a block both write into, or a repeated slot_mapping "
-                 "entry)",
+                 "entry)%s",
                  cross ? "encoder k/v" : "token", static_cast<long long>(rep[0]),
                  static_cast<long long>(rep[1]), static_cast<long long>(s),
                  static_cast<long long>(s / bs), static_cast<long long>(s % bs),
-                 cross ? "cross " : "");
+                 cross ? "cross " : "",
+                 !cross && pa::looks_like_seq_lens(h->plan, rep) ? pa::kSeqLensHint : "");
       }
     }
     if (c) {

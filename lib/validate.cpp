@@ -67,16 +67,27 @@ pagedattn_dtype map_dtype(const pagedattn_dlpack_dtype& d) {
 }
 
 /* Common rank/shape/stride checks; returns the strides (compact when NULL). */
+/* `padded`: shape[0] may exceed want[0] (rows past it are padding, never addressed). */
 void check_shape(const pagedattn_tensor* t, const char* name, const int64_t* want, int32_t n,
-                 int64_t* strides) {
+                 int64_t* strides, bool padded = false) {
   if (t->ndim != n)
     fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: ndim %d != %d (expected shape %s)", name, t->ndim, n,
          shape_str(want, n).c_str());
   if (!t->shape) fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape is NULL", name);
-  for (int32_t i = 0; i < n; ++i)
+  for (int32_t i = 0; i < n; ++i) {
+    if (i == 0 && padded) {
+      if (t->shape[0] < want[0])
+        fail(PAGEDATTN_ERROR_BAD_TENSOR,
+             "%s: shape %s has %lld rows, fewer than the %lld the batch needs (expected %s, or "
+             "more rows: those past them are padding)",
+             name, shape_str(t->shape, n).c_str(), static_cast<long long>(t->shape[0]),
+             static_cast<long long>(want[0]), shape_str(want, n).c_str());
+      continue;
+    }
     if (t->shape[i] != want[i])
       fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape %s != expected %s", name,
            shape_str(t->shape, n).c_str(), shape_str(want, n).c_str());
+  }
   if (t->strides) {
     if (t->strides[n - 1] != 1)
       fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: innermost stride %lld != 1", name,
@@ -86,7 +97,7 @@ void check_shape(const pagedattn_tensor* t, const char* name, const int64_t* wan
      * producers leave huge or arbitrary ones there). Give it the compact stride, or 0 where that
      * overflows, so no kernel multiplies the caller's value into a byte offset. */
     for (int32_t i = n - 2; i >= 0; --i)
-      if (want[i] == 1 && __builtin_mul_overflow(strides[i + 1], want[i + 1], &strides[i]))
+      if (t->shape[i] == 1 && __builtin_mul_overflow(strides[i + 1], want[i + 1], &strides[i]))
         strides[i] = 0;
   } else {
     int64_t s = 1;
@@ -155,11 +166,11 @@ pagedattn_dtype tensor_float_dtype(const pagedattn_tensor* t, const char* name) 
 }
 
 pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
-                    int32_t dim, pagedattn_dtype dt, const pagedattn_device& dev) {
+                    int32_t dim, pagedattn_dtype dt, const pagedattn_device& dev, bool padded) {
   if (!t) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
   const int64_t want[3] = {rows, heads, dim};
   int64_t strides[3];
-  check_shape(t, name, want, 3, strides);
+  check_shape(t, name, want, 3, strides, padded);
   const pagedattn_dtype got = tensor_float_dtype(t, name);
   if (got != dt)
     fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype %s != expected %s", name, dtype_name(got),
@@ -178,11 +189,11 @@ pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, i
 }
 
 pa_lse resolve_lse(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
-                   const pagedattn_device& dev) {
+                   const pagedattn_device& dev, bool padded) {
   if (!t) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
   const int64_t want[2] = {rows, heads};
   int64_t strides[2];
-  check_shape(t, name, want, 2, strides);
+  check_shape(t, name, want, 2, strides, padded);
   if (map_dtype(t->dtype) != PAGEDATTN_DTYPE_FLOAT32)
     fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype %s is not float32", name,
          dlpack_dtype_str(t->dtype).c_str());

@@ -31,13 +31,15 @@ void check_extent(const pagedattn_tensor* t, const char* name, int32_t n, const 
                   size_t esize);
 
 /* Checks a [rows, heads, dim] tensor (ndim, shape, unit innermost stride, data) of dtype `dt`
- * on `dev` and resolves it. */
+ * on `dev` and resolves it. With `padded`, the tensor may have more rows than `rows` (a padded
+ * token dimension): the resolved tensor is its first `rows` rows. */
 pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
-                    int32_t dim, pagedattn_dtype dt, const pagedattn_device& dev);
+                    int32_t dim, pagedattn_dtype dt, const pagedattn_device& dev,
+                    bool padded = false);
 
-/* Checks a float32 [rows, heads] tensor on `dev` and resolves it. */
+/* Checks a float32 [rows, heads] tensor on `dev` and resolves it (`padded` as for resolve3). */
 pa_lse resolve_lse(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
-                   const pagedattn_device& dev);
+                   const pagedattn_device& dev, bool padded = false);
 
 /* Validates a cache geometry without a backend (sizes, power-of-two block size, dtype, layout,
  * flags, byte counts that fit). Returns bytes per block (all layers, K and V). */

@@ -532,3 +532,52 @@ TEST_F(Attention, ConcurrentForwardsOnOneBackend) {
     EXPECT_TRUE(results[t]) << "thread " << t << ": " << cases[t].describe() << " (case seed "
                             << seeds[t] << ")";
 }
+
+TEST_F(Attention, SeqLensFormGivesTheSameResults) {
+  // vLLM v1's metadata (seq_lens = context + new tokens, query_start_loc) plans the same batch as
+  // query_lens + context_lens: each random case runs in both forms with one seed, both checked
+  // against the float64 reference, and their outputs agree to the bit (same error).
+  const uint64_t master = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(master));
+  std::mt19937_64 rng(master);
+  const int count = 12;
+  for (int i = 0; i < count; ++i) {
+    AttnCase c = base(rng);
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 7), 24, 90, true);
+    c.via_update = i % 3 == 1;
+    c.caller_slots = i % 4 == 2;
+    c.lse = true;
+    limit_cost(c, 20'000'000);
+    const uint64_t seed = rng();
+    if (!supported(c) || !pat::case_sampled(master, static_cast<size_t>(i), count)) continue;
+    pat::CaseResult ctx_res, seq_res;
+    EXPECT_TRUE(pat::run_attention_case(be, c, seed, &ctx_res))
+        << "case " << i << " (context form): " << c.describe() << " (case seed " << seed << ")";
+    c.seq_lens_form = true;
+    EXPECT_TRUE(pat::run_attention_case(be, c, seed, &seq_res))
+        << "case " << i << ": " << c.describe() << " (case seed " << seed << ")";
+    EXPECT_EQ(ctx_res.err, seq_res.err) << "case " << i << ": the two forms differ";
+    EXPECT_EQ(ctx_res.lse_err, seq_res.lse_err) << "case " << i << ": the two forms differ";
+  }
+}
+
+TEST_F(Attention, PaddedTokenRowsAreUntouched) {
+  // A step captured with a padded token count (vLLM pads q/k/v/out for CUDA graphs): q/k/v/out/lse
+  // have more rows than the batch's tokens. The rows before are the reference's; the padding rows
+  // of out and lse are not written, and those of q/k/v (huge values) are not read or stored.
+  run(12, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 6), 16, 80, true);
+    c.pad_rows = 1 + static_cast<int>(rng() % 9);
+    c.lse = true;
+    c.seq_lens_form = i % 2 == 1;
+    c.via_update = i % 3 == 0;
+    c.strided_io = i % 4 == 3;
+    if (i % 6 == 5) {
+      c.type = PAGEDATTN_ATTENTION_CROSS;
+      for (auto& s : c.seqs) s.enc = 1 + static_cast<int>(rng() % 40);
+    }
+    limit_cost(c, 20'000'000);
+    return c;
+  });
+}

@@ -250,20 +250,21 @@ TEST_F(ForwardRefusal, BadTensors) {
     };
   };
   static int64_t rank2[2] = {T, H * D};
-  static int64_t rows_plus[3] = {T + 1, H, D};
   static int64_t rows_minus[3] = {T - 1, H, D};
   static int64_t heads_wrong[3] = {T, H + 4, D};
   static int64_t dim_wrong[3] = {T, H, D / 2};
-  static int64_t k_rows[3] = {T + 2, HKV, D};
+  static int64_t k_rows[3] = {T - 1, HKV, D};
   static int64_t lse_shape[2] = {T, H + 1};
   static int64_t stride2[3] = {H * D * 2, D * 2, 2};
   static int64_t lse_stride[2] = {H * 2, 2};
   refused("q rank 2", PAGEDATTN_ERROR_BAD_TENSOR, "q: ndim 2 != 3", with(q.get(), [](auto& t) { t.ndim = 2; t.shape = rank2; t.strides = nullptr; }));
-  refused("q rows != num_tokens", PAGEDATTN_ERROR_BAD_TENSOR, "q: shape [5, 4, 64] != expected [4, 4, 64]", with(q.get(), [](auto& t) { t.shape = rows_plus; }));
+  refused("q rows < num_tokens", PAGEDATTN_ERROR_BAD_TENSOR, "q: shape [3, 4, 64] has 3 rows, fewer than the 4 the batch needs", with(q.get(), [](auto& t) { t.shape = rows_minus; }));
   refused("out rows", PAGEDATTN_ERROR_BAD_TENSOR, "out: shape [3, 4, 64]", with(out.get(), [](auto& t) { t.shape = rows_minus; }));
   refused("q heads != num_heads", PAGEDATTN_ERROR_BAD_TENSOR, "q: shape [4, 8, 64]", with(q.get(), [](auto& t) { t.shape = heads_wrong; t.strides = nullptr; }));
   refused("q dim != head_size", PAGEDATTN_ERROR_BAD_TENSOR, "q: shape [4, 4, 32]", with(q.get(), [](auto& t) { t.shape = dim_wrong; }));
-  refused("k rows", PAGEDATTN_ERROR_BAD_TENSOR, "k: shape [6, 2, 64] != expected [4, 2, 64]", with(k.get(), [](auto& t) { t.shape = k_rows; t.strides = nullptr; }));
+  refused("k rows", PAGEDATTN_ERROR_BAD_TENSOR, "k: shape [3, 2, 64] has 3 rows, fewer than the 4", with(k.get(), [](auto& t) { t.shape = k_rows; t.strides = nullptr; }));
+  static int64_t lse_rows[2] = {T - 2, H};
+  refused("lse rows", PAGEDATTN_ERROR_BAD_TENSOR, "lse: shape [2, 4] has 2 rows, fewer than the 4", with(lse.get(), [](auto& t) { t.shape = lse_rows; }));
   refused("lse shape", PAGEDATTN_ERROR_BAD_TENSOR, "lse: shape [4, 5] != expected [4, 4]", with(lse.get(), [](auto& t) { t.shape = lse_shape; }));
   refused("q non-unit inner stride", PAGEDATTN_ERROR_BAD_TENSOR, "q: innermost stride 2", with(q.get(), [](auto& t) { t.strides = stride2; }));
   refused("out non-unit inner stride", PAGEDATTN_ERROR_BAD_TENSOR, "out: innermost stride 2", with(out.get(), [](auto& t) { t.strides = stride2; }));
@@ -493,4 +494,59 @@ TEST_F(ForwardRefusal, HandlesOfAnotherBackendOrDestroyed) {
   for (auto it = caches_.begin(); it != caches_.end();)
     if (*it == c2) { pagedattn_kv_cache_destroy(c2); it = caches_.erase(it); } else ++it;
   pagedattn_backend_destroy(be2);
+}
+
+TEST_F(ForwardRefusal, SeqLensPassedAsContextLensIsNamed) {
+  // vLLM's seq_lens (cached + new tokens) passed as context_lens: each token sits query_len
+  // positions late, in the tables' padding entries (block 0 here), so two sequences' tokens
+  // meet in one slot. The refusal says what probably happened; the SEQ form of the same
+  // metadata is accepted (with q/k/v/out/lse of 4 rows for 2 tokens: padded rows).
+  std::vector<int32_t> seq_lens = {16, 32}, qsl = {0, 1, 2}, ones = {1, 1};
+  std::vector<int32_t> tab = {3, 0, 0, 4, 5, 0};
+  pagedattn_batch_desc bd;
+  ASSERT_EQ(pagedattn_batch_desc_init_sized(&bd, sizeof bd), PAGEDATTN_OK);
+  bd.num_seqs = 2;
+  bd.query_lens = ones.data();
+  bd.context_lens = seq_lens.data();  // the mistake
+  bd.block_tables = tab.data();
+  bd.block_table_stride = 3;
+  pagedattn_batch* wrong = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&wrong, be, cache, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  batches_.push_back(wrong);
+  refused("seq_lens as context_lens", PAGEDATTN_ERROR_INVALID_ARGUMENT,
+          "if context_lens holds vLLM's seq_lens (cached + new tokens), pass them as "
+          "desc->seq_lens with query_start_loc and lens_form = PAGEDATTN_BATCH_LENS_SEQ",
+          [&] {
+            return pagedattn_forward(be, wrong, cache, 1, &opts, q->t(), k->t(), v->t(),
+                                     out->t(), lse->t(), nullptr);
+          });
+  bd.query_lens = nullptr;
+  bd.context_lens = nullptr;
+  bd.lens_form = PAGEDATTN_BATCH_LENS_SEQ;
+  bd.seq_lens = seq_lens.data();
+  bd.query_start_loc = qsl.data();
+  pagedattn_batch* right = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&right, be, cache, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  batches_.push_back(right);
+  EXPECT_EQ(pagedattn_forward(be, right, cache, 1, &opts, q->t(), k->t(), v->t(), out->t(),
+                              lse->t(), nullptr),
+            PAGEDATTN_OK)
+      << pat::last_error();
+  // A caller slot mapping repeating a slot is the caller's own: no seq_lens hint.
+  std::vector<int64_t> sm = {7, 7};
+  bd.slot_mapping = sm.data();
+  pagedattn_batch* repeated = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&repeated, be, cache, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  batches_.push_back(repeated);
+  std::string msg;
+  refused("a repeated caller slot", PAGEDATTN_ERROR_INVALID_ARGUMENT, "both write slot 7", [&] {
+    const pagedattn_status st = pagedattn_forward(be, repeated, cache, 1, &opts, q->t(), k->t(),
+                                                  v->t(), out->t(), lse->t(), nullptr);
+    msg = pat::last_error();
+    return st;
+  });
+  EXPECT_EQ(msg.find("seq_lens"), std::string::npos) << msg;
 }

@@ -70,6 +70,9 @@ PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(pagedattn_attent
  * `cache` is the self-attention cache (decoder, encoder) or the cross cache (cross); NULL only for
  * ENCODER_ONLY. `layer` indexes the cache's layers. Rows of out (and lse) belonging to sequences
  * with query_len 0 do not exist; every row of out is written.
+ * Padded rows: q, k, v, out and lse may have more rows than the batch needs (a token count
+ * padded for a captured CUDA/HIP graph, as vLLM pads it); the extra trailing rows of q/k/v are
+ * not read, and those of out and lse are left untouched (not zeroed). Fewer rows are refused.
  * Order: the step's k/v are written to the cache first (if write_kv), then attention reads the
  * keys from the cache (decoder, cross), so new tokens see each other through the cache.
  * No allocation, no validation pass over the tables and no host sync: capturable in a CUDA/HIP
@@ -84,7 +87,8 @@ PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(pagedattn_attent
  * cache, a cache whose block size or count differs from the one planned, write_kv with a batch
  * in which two tokens, or two encoder rows, write one slot: block tables that share a block both
  * write into, or a repeated slot_mapping entry),
- * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, stride; ALiBi slopes not float32 [H]),
+ * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, stride, fewer rows than the batch needs;
+ * ALiBi slopes not float32 [H]),
  * PAGEDATTN_ERROR_WRONG_DEVICE (a tensor off the backend's device, a host cache),
  * PAGEDATTN_ERROR_OUT_OF_RANGE (layer), PAGEDATTN_ERROR_OVERFLOW (a tensor whose strides or
  * byte_offset make element or byte offsets overflow int64), PAGEDATTN_ERROR_UNSUPPORTED (a

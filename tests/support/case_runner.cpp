@@ -31,6 +31,8 @@ std::string AttnCase::describe() const {
   if (wrap_cache) o << " wrapped";
   if (caller_slots) o << " caller_slots";
   if (via_update) o << " via_update";
+  if (seq_lens_form) o << " seq_lens";
+  if (pad_rows) o << " pad_rows=" << pad_rows;
   o << " seqs(q/ctx" << (type == PAGEDATTN_ATTENTION_CROSS ? "/enc" : "") << ")=";
   for (size_t i = 0; i < seqs.size() && i < 24; ++i) {
     o << (i ? "," : "") << seqs[i].qlen << "/" << seqs[i].ctx;
@@ -450,10 +452,21 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
         for (int64_t p = 0; p < encs[i]; ++p) my_cross_slots.push_back(cross_slot(i, p));
   }
   pagedattn_batch_desc bd;
-  pagedattn_batch_desc_init(&bd);
+  pagedattn_batch_desc_init_sized(&bd, sizeof bd);
   bd.num_seqs = nseq;
   bd.query_lens = qlens.data();
   bd.context_lens = ctxs.data();
+  // vLLM v1's form: seq_lens = context + new tokens, query_start_loc = the row offsets.
+  std::vector<int32_t> seq_lens(nseq), qsl(nseq + 1);
+  for (int i = 0; i < nseq; ++i) seq_lens[i] = ctxs[i] + qlens[i];
+  for (int i = 0; i <= nseq; ++i) qsl[i] = static_cast<int32_t>(qstart[i]);
+  if (c.seq_lens_form) {
+    bd.lens_form = PAGEDATTN_BATCH_LENS_SEQ;
+    bd.query_lens = nullptr;
+    bd.context_lens = nullptr;
+    bd.seq_lens = seq_lens.data();
+    bd.query_start_loc = qsl.data();
+  }
   bd.block_tables = has_cache ? self_tab.data() : nullptr;
   bd.block_table_stride = has_cache ? self_w : 0;
   bd.slot_mapping = (c.caller_slots && has_cache) ? my_slots.data() : nullptr;
@@ -473,6 +486,9 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
       enc_total += encs[i];  // the first step has every context at 0: all encoders written
     }
     pagedattn_batch_desc first = bd;
+    first.lens_form = PAGEDATTN_BATCH_LENS_CONTEXT;
+    first.seq_lens = nullptr;
+    first.query_start_loc = nullptr;
     first.query_lens = ones.data();
     first.context_lens = zeros.data();
     first.slot_mapping = nullptr;
@@ -550,18 +566,30 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
                        (write_kv && (decoder || cross)) || decoy_kv;
   int64_t rs, hs;
   uint64_t off;
-  pick_strides(rng, c.strided_io, T, H, D, es_m, &rs, &hs, &off);
-  Tensor q(dev, c.dtype, T, H, D, rs, hs, off);
-  pick_strides(rng, c.strided_io, T, H, D, es_m, &rs, &hs, &off);
-  Tensor out(dev, c.dtype, T, H, D, rs, hs, off);
-  pick_strides(rng, c.strided_io, KR, Hkv, D, es_m, &rs, &hs, &off);
-  Tensor k(dev, c.dtype, KR, Hkv, D, rs, hs, off);
-  Tensor v(dev, c.dtype, KR, Hkv, D, rs, hs, off);
-  auto lse = Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, T, H,
+  pick_strides(rng, c.strided_io, T + c.pad_rows, H, D, es_m, &rs, &hs, &off);
+  // With pad_rows the tensors have that many rows past the batch's (a padded token count).
+  const int64_t P = c.pad_rows;
+  Tensor q(dev, c.dtype, T + P, H, D, rs, hs, off);
+  pick_strides(rng, c.strided_io, T + P, H, D, es_m, &rs, &hs, &off);
+  Tensor out(dev, c.dtype, T + P, H, D, rs, hs, off);
+  pick_strides(rng, c.strided_io, KR + P, Hkv, D, es_m, &rs, &hs, &off);
+  Tensor k(dev, c.dtype, KR + P, Hkv, D, rs, hs, off);
+  Tensor v(dev, c.dtype, KR + P, Hkv, D, rs, hs, off);
+  auto lse = Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, T + P, H,
                             c.strided_io ? H + 3 : 0, 0, c.strided_io ? 4 * 2 : 0);
   for (int64_t t = 0; t < T; ++t)
     for (int h = 0; h < H; ++h)
       for (int d = 0; d < D; ++d) q.set(t, h, d, qf[(t * H + h) * D + d]);
+  // Padding rows of q/k/v: huge values a kernel that read them would spread into real rows.
+  for (int64_t t = T; t < T + P; ++t)
+    for (int h = 0; h < H; ++h)
+      for (int d = 0; d < D; ++d) q.set(t, h, d, 3.0e4f);
+  for (int64_t t = KR; t < KR + P; ++t)
+    for (int h = 0; h < Hkv; ++h)
+      for (int d = 0; d < D; ++d) {
+        k.set(t, h, d, 3.0e4f);
+        v.set(t, h, d, -3.0e4f);
+      }
   for (int64_t t = 0; t < KR; ++t)
     for (int h = 0; h < Hkv; ++h)
       for (int d = 0; d < D; ++d) {
@@ -609,6 +637,24 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
   std::string why;
   if (!out.padding_untouched(&why)) return ::testing::AssertionFailure() << "out: " << why;
   if (!lse->padding_untouched(&why)) return ::testing::AssertionFailure() << "lse: " << why;
+  // Padding rows of out/lse (docs/semantics.md 4.8): untouched, still the poison.
+  if (P > 0) {
+    uint8_t poison[4], fpoison[4];
+    store_poison(c.dtype, poison);
+    store_poison(PAGEDATTN_DTYPE_FLOAT32, fpoison);
+    for (int64_t t = T; t < T + P; ++t)
+      for (int h = 0; h < H; ++h) {
+        for (int d = 0; d < D; ++d)
+          if (std::memcmp(&out.buf().host()[out.elem_offset(t, h, d) * es_m], poison, es_m) != 0)
+            return ::testing::AssertionFailure() << "out[" << t << "][" << h << "][" << d
+                                                 << "] is a padding row (the batch has " << T
+                                                 << " tokens) but was written";
+        if (c.lse &&
+            std::memcmp(&lse->buf().host()[lse->elem_offset(t, h, 0) * 4], fpoison, 4) != 0)
+          return ::testing::AssertionFailure() << "lse[" << t << "][" << h
+                                               << "] is a padding row but was written";
+      }
+  }
   if (!c.lse) {
     // lse not requested: its buffer was not passed, nothing to check beyond the above.
   }
