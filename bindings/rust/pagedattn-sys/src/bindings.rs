@@ -395,6 +395,9 @@ extern "C" {
 pub struct pagedattn_batch {
     _unused: [u8; 0],
 }
+pub const PAGEDATTN_BATCH_LENS_CONTEXT: pagedattn_batch_lens_form = 0;
+pub const PAGEDATTN_BATCH_LENS_SEQ: pagedattn_batch_lens_form = 1;
+pub type pagedattn_batch_lens_form = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct pagedattn_batch_desc {
@@ -413,6 +416,9 @@ pub struct pagedattn_batch_desc {
     pub max_blocks_per_seq: i32,
     pub max_num_encoder_tokens: i64,
     pub max_seq_len: i64,
+    pub lens_form: pagedattn_batch_lens_form,
+    pub seq_lens: *const i32,
+    pub query_start_loc: *const i32,
 }
 impl Default for pagedattn_batch_desc {
     fn default() -> Self {
@@ -425,6 +431,12 @@ impl Default for pagedattn_batch_desc {
 }
 extern "C" {
     pub fn pagedattn_batch_desc_init(desc: *mut pagedattn_batch_desc) -> pagedattn_status;
+}
+extern "C" {
+    pub fn pagedattn_batch_desc_init_sized(
+        desc: *mut pagedattn_batch_desc,
+        size: u32,
+    ) -> pagedattn_status;
 }
 extern "C" {
     pub fn pagedattn_batch_create(
