@@ -16,6 +16,8 @@ shift
 python=${PYTHON:-/usr/bin/python3}
 
 export PAGEDATTN_LIBRARY="$build/lib/libpagedattn.so"
+# For the test that finds the library through the build's uninstalled pkg-config file.
+export PAGEDATTN_BUILD_DIR="$build"
 export PAGEDATTN_PLUGIN_PATH="$build/kernels/onednn:$build/kernels/gpu${PAGEDATTN_PLUGIN_PATH:+:$PAGEDATTN_PLUGIN_PATH}"
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
 if [ ! -f "$PAGEDATTN_LIBRARY" ]; then

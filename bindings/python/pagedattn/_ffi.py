@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import shlex
 import shutil
 import subprocess
 import threading
@@ -323,6 +324,37 @@ def check_version(lib: ctypes.CDLL, path: str, expected_major: Optional[int] = N
         )
 
 
+def _pkg_config(*args: str) -> str:
+    """The output of ``pkg-config ARGS pagedattn``; empty without pkg-config or on failure."""
+    pkg_config = shutil.which("pkg-config")
+    if not pkg_config:
+        return ""
+    try:
+        r = subprocess.run([pkg_config, *args, "pagedattn"], capture_output=True, text=True,
+                           timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def _pkg_config_dirs() -> List[str]:
+    """The directories ``pkg-config pagedattn`` names: its ``-L`` flags first (what Rust and Go
+    link with; the only right one in meson's uninstalled .pc, whose libdir is the install's),
+    then its libdir."""
+    dirs: List[str] = []
+    try:
+        flags = shlex.split(_pkg_config("--libs-only-L"))
+    except ValueError:
+        flags = []
+    for flag in flags:
+        if flag.startswith("-L") and len(flag) > 2:
+            dirs.append(flag[2:])
+    libdir = _pkg_config("--variable=libdir")
+    if libdir:
+        dirs.append(libdir)
+    return list(dict.fromkeys(dirs))
+
+
 def _candidates() -> List[str]:
     """Where to look for libpagedattn, in order (see :func:`load`)."""
     found: List[str] = []
@@ -332,21 +364,9 @@ def _candidates() -> List[str]:
     env_dir = os.environ.get("PAGEDATTN_LIB_DIR")
     if env_dir:
         return [os.path.join(env_dir, n) for n in ("libpagedattn.so", "libpagedattn.so.0")]
-    pkg_config = shutil.which("pkg-config")
-    if pkg_config:
-        try:
-            libdir = subprocess.run(
-                [pkg_config, "--variable=libdir", "pagedattn"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            libdir = ""
-        if libdir:
-            found.append(os.path.join(libdir, "libpagedattn.so"))
-            found.append(os.path.join(libdir, "libpagedattn.so.0"))
+    for libdir in _pkg_config_dirs():
+        found.append(os.path.join(libdir, "libpagedattn.so"))
+        found.append(os.path.join(libdir, "libpagedattn.so.0"))
     system = ctypes.util.find_library("pagedattn")
     if system:
         found.append(system)
@@ -359,7 +379,8 @@ def load() -> ctypes.CDLL:
     """Loads libpagedattn once and returns it.
 
     Search order: the file named by ``PAGEDATTN_LIBRARY``; else ``libpagedattn.so`` in
-    ``PAGEDATTN_LIB_DIR``; else the libdir that ``pkg-config pagedattn`` reports; else the system
+    ``PAGEDATTN_LIB_DIR``; else the directories of ``pkg-config --libs-only-L pagedattn``, then
+    its libdir (so installed and meson-uninstalled .pc files both work); else the system
     loader. Raises :class:`OSError` listing every place tried, or naming the library found
     when its major version is not :data:`EXPECTED_MAJOR`.
     """

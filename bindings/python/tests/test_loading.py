@@ -51,6 +51,23 @@ def test_pkg_config(tmp_path: Path) -> None:
     assert r.stdout.splitlines()[0] == os.path.join(lib_dir, "libpagedattn.so")
 
 
+def test_meson_uninstalled_pkg_config() -> None:
+    """The build tree's uninstalled .pc (what the Rust and Go READMEs use) names the install's
+    libdir; the loader takes its -L directory first and finds the build's library."""
+    build = os.environ.get("PAGEDATTN_BUILD_DIR")
+    if not build:
+        pytest.skip("PAGEDATTN_BUILD_DIR not set (run_tests.sh sets it): uninstalled .pc not tested")
+    if not shutil.which("pkg-config"):
+        pytest.skip("pkg-config not installed: uninstalled .pc not tested")
+    pc_dir = os.path.join(build, "meson-uninstalled")
+    assert os.path.isfile(os.path.join(pc_dir, "pagedattn-uninstalled.pc"))
+    r = run_probe({"PKG_CONFIG_PATH": pc_dir})
+    assert r.returncode == 0, r.stderr
+    want = os.path.join(os.path.realpath(build), "lib")
+    assert os.path.dirname(os.path.realpath(r.stdout.splitlines()[0])) == want
+    assert r.stdout.splitlines()[1] == pa.version_string()
+
+
 def test_missing_library_is_a_clear_error(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope" / "libpagedattn.so")
     r = run_probe({"PAGEDATTN_LIBRARY": missing})
