@@ -83,3 +83,48 @@ def test_bench_compare_torch_cpu_meets_float64() -> None:
     assert len(judged) == cases and "OURS WRONG" not in r.stdout, r.stdout
     for tol, err in judged:
         assert float(err) <= float(tol), r.stdout
+
+
+def _fields(address: int) -> tuple:
+    t = pa._ffi.TensorStruct.from_address(address)
+    return (t.data, t.device.device_type, t.device.device_id, t.ndim, t.dtype.code,
+            t.dtype.bits, t.dtype.lanes, [t.shape[i] for i in range(t.ndim)],
+            [t.strides[i] for i in range(t.ndim)], t.byte_offset)
+
+
+@pytest.mark.parametrize("tdt", ["float32", "float16", "bfloat16", "float64", "int32", "int64",
+                                 "int8", "uint8"])
+def test_torch_fast_path_matches_the_dlpack_export(tdt: str) -> None:
+    """Plain CPU tensors are described from their attributes, field for field as DLPack
+    exports them (views with offsets and strides, 0-d tensors); again from the kept
+    descriptors on a second call, and anew after an in-place resize."""
+    from pagedattn import _tensor
+
+    base = torch.zeros((3, 6, 4), dtype=getattr(torch, tdt))
+    for t in (base, base[1:, ::2], base[2, 1], torch.zeros((), dtype=base.dtype)):
+        for _ in range(2):
+            addr, keep = _tensor.describe(t, "q")
+            assert not isinstance(keep, tuple) or type(keep[1]).__name__ != "PyCapsule"
+            ref, ref_keep = _tensor._dlpack_address(t, "q", False, None)
+            assert _fields(addr) == _fields(ref)
+    t = torch.zeros((2, 3), dtype=base.dtype)
+    before = _fields(_tensor.describe(t, "q")[0])
+    t.resize_(4, 5)
+    addr, keep = _tensor.describe(t, "q")
+    assert _fields(addr)[7:9] == ([4, 5], [5, 1]) and _fields(addr) != before
+
+
+def test_torch_fast_path_keeps_the_dlpack_checks(be: pa.Backend) -> None:
+    """What the DLPack export refuses is still refused by it: tensors that need grad, dtypes
+    DLPack has no code for (bool), other layouts."""
+    from pagedattn import _tensor
+
+    with pytest.raises(TypeError, match=r"^q: __dlpack__\(\) failed: .*grad"):
+        _tensor.describe(torch.zeros((1, 4, 64), requires_grad=True), "q")
+    with pytest.raises(TypeError, match=r"^q: __dlpack__\(\) failed: .*Bool"):
+        _tensor.describe(torch.zeros((1, 4, 64), dtype=torch.bool), "q")
+    with pytest.raises(TypeError, match=r"^q: __dlpack__\(\) failed"):
+        _tensor.describe(torch.zeros((2, 2)).to_sparse(), "q")
+    # A described tensor stays alive with its descriptor until the call returns.
+    addr, keep = _tensor.describe(torch.ones((1, 2, 64)), "k")
+    assert isinstance(keep[0], torch.Tensor) and _fields(addr)[7] == [1, 2, 64]
