@@ -28,7 +28,8 @@ from ._batch import Batch, BatchInfo
 from ._cache import CacheDesc, KVCache, bytes_per_block
 from ._ffi import library_path
 from ._log import LogLevel, log_to_logging, set_log_callback
-from ._status import PagedAttnError, Status, last_error, status_string, version, version_string
+from ._status import (PagedAttnError, PagedAttnTypeError, PagedAttnValueError, Status,
+                      last_error, status_string, version, version_string)
 from ._tensor import BFloat16Array, from_bfloat16, to_bfloat16
 from ._types import (
     AttentionType,
@@ -48,8 +49,8 @@ __version__ = "0.2.0"
 __all__ = [
     "AttentionType", "Backend", "BackendInfo", "Batch", "BatchInfo", "BFloat16Array",
     "CacheDesc", "Capabilities", "DLPackCode", "DLPackDtype", "Dtype", "Feature", "KVCache",
-    "Layout", "LogLevel", "MemoryUsage", "PagedAttnError", "Status", "backends",
-    "bytes_per_block", "dtype_from_dlpack", "dtype_name", "dtype_size", "dtype_to_dlpack",
+    "Layout", "LogLevel", "MemoryUsage", "PagedAttnError", "PagedAttnTypeError",
+    "PagedAttnValueError", "Status", "backends", "bytes_per_block", "dtype_from_dlpack", "dtype_name", "dtype_size", "dtype_to_dlpack",
     "forward", "from_bfloat16", "last_error", "library_path", "log_to_logging", "merge_states",
     "set_log_callback", "status_string", "to_bfloat16", "version", "version_string",
 ]

@@ -53,7 +53,8 @@ def test_torch_wrap_and_refusals(be: pa.Backend) -> None:
         pa.forward(be, batch, cache, 0, torch.zeros((1, 4, 64), dtype=torch.float64),
                    torch.zeros((1, 2, 64), dtype=torch.float64),
                    torch.zeros((1, 2, 64), dtype=torch.float64))
-    assert e.value.code == pa.Status.BAD_TENSOR
+    assert e.value.code == pa.Status.BAD_TENSOR and isinstance(e.value, TypeError)
+    assert e.value.message.startswith("q: dtype float64 is not")
     with pytest.raises(TypeError, match="__dlpack__"):
         pa.forward(be, batch, cache, 0, torch.zeros((1, 4, 64), requires_grad=True),
                    torch.zeros((1, 2, 64)), torch.zeros((1, 2, 64)))
