@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from ._backend import Backend
 from ._handle import _Handle
 from ._status import PagedAttnError, _check, _lib
 from ._tensor import _i32p, as_tensor, checked_int, describe, int_array, stream_arg
-from ._types import KV_CACHE_HOST, Dtype, Layout, dtype_from_dlpack, enum_arg
+from ._types import KV_CACHE_HOST, Dtype, Layout, dtype_arg, dtype_from_dlpack, enum_arg
 
 # The C type of each pagedattn_kv_cache_desc field, checked before it is stored.
 _DESC_FIELDS = (("num_layers", "int32"), ("num_blocks", "int32"), ("block_size", "int32"),
@@ -61,7 +61,7 @@ def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_si
             (int32).
     """
     return CacheDesc(num_layers, 1, block_size, num_kv_heads, head_size,
-                     enum_arg(Dtype, dtype, "dtype"),
+                     dtype_arg(dtype),
                      enum_arg(Layout, layout, "layout")).bytes_per_block
 
 
@@ -96,7 +96,8 @@ class KVCache(_Handle):
     Args:
         backend: the backend whose device holds the cache.
         num_layers, num_blocks, block_size, num_kv_heads, head_size: the geometry.
-        dtype: a :class:`Dtype` (required).
+        dtype: a :class:`Dtype` (required), or its name (``"float16"``, ``"bfloat16"``...),
+            a numpy / ml_dtypes dtype or a torch dtype.
         layout: :class:`Layout` (NHD by default).
         host: allocate pinned host memory of a GPU backend (a swap target).
 
@@ -110,11 +111,11 @@ class KVCache(_Handle):
     _kind = "KVCache"
 
     def __init__(self, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
-                 num_kv_heads: int, head_size: int, dtype: Dtype, layout: Layout = Layout.NHD,
+                 num_kv_heads: int, head_size: int, dtype: Union[Dtype, str], layout: Layout = Layout.NHD,
                  host: bool = False) -> None:
         bh = backend._handle()
         desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size,
-                         enum_arg(Dtype, dtype, "dtype"), enum_arg(Layout, layout, "layout"),
+                         dtype_arg(dtype), enum_arg(Layout, layout, "layout"),
                          KV_CACHE_HOST if host else 0)._struct()
         out = ctypes.c_void_p()
         _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), bh, ctypes.byref(desc)))
@@ -134,7 +135,7 @@ class KVCache(_Handle):
 
     @classmethod
     def create(cls, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
-               num_kv_heads: int, head_size: int, dtype: Dtype, layout: Layout = Layout.NHD,
+               num_kv_heads: int, head_size: int, dtype: Union[Dtype, str], layout: Layout = Layout.NHD,
                host: bool = False) -> "KVCache":
         """Same as the constructor ``KVCache(backend, ...)``: allocates a zero-filled cache on
         the backend's device (``host=True``: pinned host memory of a GPU backend, for swaps).
@@ -184,7 +185,7 @@ class KVCache(_Handle):
             except PagedAttnError:
                 raise TypeError(f"wrap: cannot infer the cache dtype from DLPack code "
                                 f"{first.code} bits {first.bits}; pass dtype=") from None
-        dtype = enum_arg(Dtype, dtype, "dtype")
+        dtype = dtype_arg(dtype)
         if first.bits != 8 * dtype.itemsize:
             raise TypeError(f"wrap: {dtype.name} needs {8 * dtype.itemsize}-bit elements, "
                             f"got {first.bits}-bit")

@@ -7,8 +7,10 @@ import ctypes
 import enum
 from typing import NamedTuple, Tuple, Type, TypeVar, Union
 
+import numpy as np
+
 from . import _ffi
-from ._status import _check, _lib
+from ._status import PagedAttnValueError, Status, _check, _lib
 from ._tensor import checked_int
 
 
@@ -113,6 +115,47 @@ def enum_arg(cls: Type[_E], value: object, name: str) -> _E:
     return cls(checked_int(value, "intc", name))
 
 
+# Cache dtype names: the library's, numpy's / ml_dtypes' and torch's (without "torch.").
+_DTYPE_NAMES = {"float32": Dtype.FLOAT32, "float16": Dtype.FLOAT16, "bfloat16": Dtype.BFLOAT16,
+                "fp8_e4m3": Dtype.FP8_E4M3, "fp8_e5m2": Dtype.FP8_E5M2,
+                "float8_e4m3fn": Dtype.FP8_E4M3, "float8_e5m2": Dtype.FP8_E5M2}
+
+
+def dtype_arg(value: object, name: str = "dtype") -> Dtype:
+    """``value`` as a cache :class:`Dtype`: a member or its integer, or a name (``"float16"``,
+    ``"bfloat16"``, ``"fp8_e4m3"``, ``"float8_e4m3fn"``...), a numpy or ml_dtypes dtype, or a
+    torch dtype.
+
+    Raises:
+        PagedAttnValueError: a name or dtype that is no cache dtype (``float64``), or an
+            integer outside the enum.
+        TypeError, OverflowError: anything else, as for other enum arguments.
+    """
+    if isinstance(value, Dtype):
+        return value
+    if isinstance(value, str):
+        key = value
+    elif type(value).__module__ == "torch":  # torch.float16 prints as "torch.float16"
+        key = str(value)
+    elif isinstance(value, np.dtype) or (isinstance(value, type) and
+                                         issubclass(value, np.generic)):
+        key = np.dtype(value).name
+    else:
+        try:
+            return enum_arg(Dtype, value, name)
+        except ValueError:
+            raise PagedAttnValueError(Status.INVALID_ARGUMENT,
+                                      f"{name} = {value!r} is not a pagedattn dtype") from None
+    key = key.lower()
+    found = _DTYPE_NAMES.get(key[6:] if key.startswith("torch.") else key)
+    if found is None:
+        raise PagedAttnValueError(
+            Status.INVALID_ARGUMENT,
+            f"{name}: {key} is not a cache dtype (float32, float16, bfloat16, fp8_e4m3, "
+            "fp8_e5m2; or pass pa.Dtype.FLOAT16...)")
+    return found
+
+
 def dtype_size(dtype: Union[Dtype, int]) -> int:
     """Bytes per element of a cache dtype (``pagedattn_dtype_size``); 0 for a value that is not
     a dtype.
@@ -180,6 +223,6 @@ def _dlpack_code(code: int) -> int:
 
 
 __all__ = [
-    "AttentionType", "DLPackCode", "DLPackDtype", "Dtype", "Feature", "Layout",
+    "AttentionType", "DLPackCode", "DLPackDtype", "Dtype", "Feature", "Layout", "dtype_arg",
     "dtype_from_dlpack", "dtype_name", "dtype_size", "dtype_to_dlpack",
 ]

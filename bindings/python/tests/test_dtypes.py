@@ -54,3 +54,37 @@ def test_dlpack_dtype_names() -> None:
     with pytest.raises(pa.PagedAttnValueError) as e:
         pa.dtype_to_dlpack(9)
     assert isinstance(e.value, ValueError) and e.value.code == pa.Status.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize("given,want", [("float16", pa.Dtype.FLOAT16),
+                                        ("BFloat16", pa.Dtype.BFLOAT16),
+                                        ("fp8_e4m3", pa.Dtype.FP8_E4M3),
+                                        ("float8_e5m2", pa.Dtype.FP8_E5M2),
+                                        (np.float32, pa.Dtype.FLOAT32),
+                                        (np.dtype(np.float16), pa.Dtype.FLOAT16),
+                                        (2, pa.Dtype.FLOAT16)])
+def test_cache_dtype_by_name(be: pa.Backend, given, want: pa.Dtype) -> None:
+    with small_cache(be, given) as cache:
+        assert cache.desc.dtype is want
+    assert pa.bytes_per_block(1, 16, 2, 64, given) == pa.bytes_per_block(1, 16, 2, 64, want)
+
+
+def test_cache_dtype_refusals(be: pa.Backend) -> None:
+    for bad, words in [("float64", "float64 is not a cache dtype"),
+                       (np.int32, "int32 is not a cache dtype"), ("half", "half is not"),
+                       ("1", "1 is not a cache dtype")]:
+        with pytest.raises(pa.PagedAttnValueError, match=words) as e:
+            small_cache(be, bad)
+        assert isinstance(e.value, ValueError) and "pa.Dtype.FLOAT16" in e.value.message
+    with pytest.raises(ValueError, match="dtype = 9 is not a pagedattn dtype"):
+        small_cache(be, 9)
+    with pytest.raises(TypeError):
+        small_cache(be, 2.0)
+
+
+def test_cache_dtype_from_torch(be: pa.Backend) -> None:
+    torch = pytest.importorskip("torch", reason="python3-torch not installed")
+    with small_cache(be, torch.bfloat16) as cache:
+        assert cache.desc.dtype is pa.Dtype.BFLOAT16
+    with pytest.raises(pa.PagedAttnValueError, match="torch.float64 is not a cache dtype"):
+        small_cache(be, torch.float64)
