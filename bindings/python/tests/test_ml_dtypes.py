@@ -85,3 +85,20 @@ def test_fp8_cache_dtype_inferred_from_the_arrays(be: pa.Backend, name: str,
     same = pa.KVCache.wrap(be, [layer.view(np.uint8)], [layer.view(np.uint8).copy()],
                            dtype=dtype)
     assert same.desc == cache.desc
+
+
+def test_alongside_torch(be: pa.Backend) -> None:
+    """ml_dtypes installed next to a torch built against numpy 1 (Debian's 1.13): the README's
+    install keeps numpy below 2, and torch and ml_dtypes bfloat16 give the same bits."""
+    torch = pytest.importorskip("torch", reason="python3-torch not installed: not tested")
+    try:
+        torch.from_numpy(np.zeros(1, np.float32))
+    except RuntimeError as e:  # "Numpy is not available": numpy 2 under a numpy 1 torch
+        pytest.fail(f"numpy {np.__version__} breaks torch {torch.__version__} ({e}); install "
+                    "with pip install 'numpy<2' ml_dtypes, as the README says")
+    sc = Scenario(be, "bf16", seed=53)
+    mine = pa.forward(be, sc.batch, sc.cache, 0, as_ml_bf16(sc.q), as_ml_bf16(sc.k),
+                      as_ml_bf16(sc.v))
+    tq = torch.from_numpy(sc.q.array.astype(np.int16)).view(torch.bfloat16)
+    theirs = pa.forward(be, sc.batch, sc.cache, 0, tq, write_kv=False)
+    assert theirs.view(torch.int16).numpy().tobytes() == mine.view(np.uint16).tobytes()
