@@ -50,7 +50,8 @@ __all__ = [
     "AttentionType", "Backend", "BackendInfo", "Batch", "BatchInfo", "BFloat16Array",
     "CacheDesc", "Capabilities", "DLPackCode", "DLPackDtype", "Dtype", "Feature", "KVCache",
     "Layout", "LogLevel", "MemoryUsage", "PagedAttnError", "PagedAttnTypeError",
-    "PagedAttnValueError", "Status", "backends", "bytes_per_block", "dtype_from_dlpack", "dtype_name", "dtype_size", "dtype_to_dlpack",
+    "PagedAttnValueError", "Status", "backends", "bytes_per_block", "dtype_from_dlpack",
+    "dtype_name", "dtype_size", "dtype_to_dlpack",
     "forward", "from_bfloat16", "last_error", "library_path", "log_to_logging", "merge_states",
     "set_log_callback", "status_string", "to_bfloat16", "version", "version_string",
 ]

@@ -111,8 +111,8 @@ class KVCache(_Handle):
     _kind = "KVCache"
 
     def __init__(self, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
-                 num_kv_heads: int, head_size: int, dtype: Union[Dtype, str], layout: Layout = Layout.NHD,
-                 host: bool = False) -> None:
+                 num_kv_heads: int, head_size: int, dtype: Union[Dtype, str],
+                 layout: Layout = Layout.NHD, host: bool = False) -> None:
         bh = backend._handle()
         desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size,
                          dtype_arg(dtype), enum_arg(Layout, layout, "layout"),
@@ -135,8 +135,8 @@ class KVCache(_Handle):
 
     @classmethod
     def create(cls, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
-               num_kv_heads: int, head_size: int, dtype: Union[Dtype, str], layout: Layout = Layout.NHD,
-               host: bool = False) -> "KVCache":
+               num_kv_heads: int, head_size: int, dtype: Union[Dtype, str],
+               layout: Layout = Layout.NHD, host: bool = False) -> "KVCache":
         """Same as the constructor ``KVCache(backend, ...)``: allocates a zero-filled cache on
         the backend's device (``host=True``: pinned host memory of a GPU backend, for swaps).
         ``dtype`` is required.

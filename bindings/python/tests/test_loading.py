@@ -56,7 +56,8 @@ def test_meson_uninstalled_pkg_config() -> None:
     libdir; the loader takes its -L directory first and finds the build's library."""
     build = os.environ.get("PAGEDATTN_BUILD_DIR")
     if not build:
-        pytest.skip("PAGEDATTN_BUILD_DIR not set (run_tests.sh sets it): uninstalled .pc not tested")
+        pytest.skip("PAGEDATTN_BUILD_DIR not set (run_tests.sh sets it): "
+                    "uninstalled .pc not tested")
     if not shutil.which("pkg-config"):
         pytest.skip("pkg-config not installed: uninstalled .pc not tested")
     pc_dir = os.path.join(build, "meson-uninstalled")
