@@ -10,6 +10,7 @@ Rows:
   forward            pa.forward(be, batch, cache, 0, q, k, v, out=out)
   forward (alloc)    the same without out= (the binding allocates the output)
   forward (lse)      out= and lse=True
+  forward (new q)    (torch) q from a pool of 2048 tensors, so that its descriptor is new
   C call alone       pagedattn_forward through ctypes with every argument prepared once
                      (numpy float32 only): the floor any Python caller pays
   Batch()            planning a one-sequence decode batch from Python lists
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import statistics
 import sys
 import time
@@ -184,6 +186,11 @@ def main() -> int:
                       lambda: pa.forward(be, batch, cache, 0, tq, tk, tv))
                 bench("forward (lse)", kind,
                       lambda: pa.forward(be, batch, cache, 0, tq, tk, tv, out=tout, lse=True))
+                # q taken in turn from 2048 tensors over distinct memory: no descriptor is
+                # reused between calls (the binding keeps at most 1024).
+                qs = itertools.cycle(torch.from_numpy(np.repeat(q[None], 2048, 0)).unbind(0))
+                bench("forward (new q)", kind,
+                      lambda: pa.forward(be, batch, cache, 0, next(qs), tk, tv, out=tout))
             batch.close()
             cache.close()
 
