@@ -241,7 +241,8 @@ inline bool same_dtype(const pagedattn_dlpack_dtype& a, const pagedattn_dlpack_d
 inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
                         pagedattn_dlpack_dtype want_dt, bool fill_random,
                         size_t max_bytes = size_t(1) << 20,
-                        const pagedattn_dlpack_dtype* also_ok = nullptr) {
+                        const pagedattn_dlpack_dtype* also_ok = nullptr,
+                        bool rows_may_grow = false) {
   const int wn = static_cast<int>(want.size());
   pagedattn_tensor& t = f.t;
   t.ndim = in.near_i32(wn);
@@ -250,7 +251,9 @@ inline void make_tensor(FTensor& f, Input& in, const std::vector<int64_t>& want,
   f.shape.assign(n, 1);
   for (int i = 0; i < n; ++i) {
     f.shape[i] = in.near_i64(i < wn ? want[i] : 1);
-    if (i >= wn || f.shape[i] != want[i]) f.malformed = true;
+    /* rows_may_grow: a first extent above the wanted one is valid (padded token rows). */
+    const bool grown_ok = rows_may_grow && i == 0 && i < wn && f.shape[i] > want[i];
+    if (i >= wn || (f.shape[i] != want[i] && !grown_ok)) f.malformed = true;
   }
   t.shape = t.ndim > 6 ? nullptr : f.shape.data();
   if (t.ndim > 6) f.malformed = true;

@@ -186,15 +186,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   /* Tensors. */
   const auto dl = paf::dl_of(mdt);
   FTensor q, k, v, out, lse;
-  paf::make_tensor(q, in, {T, H, D}, dl, false);
+  paf::make_tensor(q, in, {T, H, D}, dl, false, size_t(1) << 20, nullptr, true);
   fill_small(q, in);
-  paf::make_tensor(k, in, {rows, Hkv, D}, dl, false);
+  paf::make_tensor(k, in, {rows, Hkv, D}, dl, false, size_t(1) << 20, nullptr, true);
   fill_small(k, in);
-  paf::make_tensor(v, in, {rows, Hkv, D}, dl, false);
+  paf::make_tensor(v, in, {rows, Hkv, D}, dl, false, size_t(1) << 20, nullptr, true);
   fill_small(v, in);
-  paf::make_tensor(out, in, {T, H, D}, dl, false);
+  paf::make_tensor(out, in, {T, H, D}, dl, false, size_t(1) << 20, nullptr, true);
   const bool want_lse = in.flag();
-  if (want_lse) paf::make_tensor(lse, in, {T, H}, paf::dl_of(PAGEDATTN_DTYPE_FLOAT32), false);
+  if (want_lse) paf::make_tensor(lse, in, {T, H}, paf::dl_of(PAGEDATTN_DTYPE_FLOAT32), false,
+                                 size_t(1) << 20, nullptr, true);
   for (FTensor* t : {&out, &lse})
     if (t->mem) std::memset(t->mem->data(), 0xFF, t->mem->size()); /* NaN poison */
   const bool pass_kv = in.u8() < 240;
