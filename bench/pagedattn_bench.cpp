@@ -43,6 +43,7 @@ struct Options {
   int baseline_iters = -1;  // -1: chosen from the estimated cost
   int scaling = 0;          // rounds of the 1-thread / T-thread comparison (0: none)
   bool json = false, no_ceilings = false, check = true;
+  bool sinks = false;       // attention modes: also time the forward with sinks, interleaved
   long gemm_size = 2048;
   uint64_t seed = 1;
 };
@@ -73,6 +74,9 @@ void usage() {
       "                        threads of the library call, register-only arithmetic, the\n"
       "                        streaming read and (decode) the plain block read; prints each\n"
       "                        one's T/1 throughput ratio (median over the rounds)\n"
+      "  --sinks               attention modes: after the run, N rounds alternating the\n"
+      "                        forward without and with attention sinks; prints the\n"
+      "                        with/without time ratio (median over the rounds)\n"
       "  --seed N              random seed (1)\n"
       "  --json                one JSON record per case on stdout (text goes to stderr)\n");
 }
@@ -119,6 +123,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--gemm-size") o.gemm_size = ival();
     else if (a == "--no-ceilings") o.no_ceilings = true;
     else if (a == "--no-check") o.check = false;
+    else if (a == "--sinks") o.sinks = true;
     else if (a == "--scaling") o.scaling = ival();
     else if (a == "--seed") o.seed = (uint64_t)std::atoll(val().c_str());
     else if (a == "--json") o.json = true;
@@ -426,6 +431,8 @@ int main(int argc, char** argv) {
   int64_t tokens_done = c.tokens;
   // --scaling: per round, T-thread throughput over 1-thread throughput of each measure.
   std::vector<double> sc_lib, sc_core, sc_stream, sc_paged, sc_t1, sc_tn;
+  // --sinks: per round, the forward's time with sinks over its time without.
+  std::vector<double> sink_ratio, sink_on, sink_off;
 
   if (attn) {
     pagedattn_batch_desc bdsc;
@@ -443,7 +450,7 @@ int main(int argc, char** argv) {
     fill_random(k.data(), (size_t)T * Hkv * D, dt, o.seed + 12, o.threads);
     fill_random(v.data(), (size_t)T * Hkv * D, dt, o.seed + 13, o.threads);
     pagedattn_attention_options ao;
-    CHECK(pagedattn_attention_options_init(&ao));
+    CHECK(pagedattn_attention_options_init_sized(&ao, sizeof ao));
     ao.num_heads = H;
     ao.num_kv_heads = Hkv;
     ao.head_size = D;
@@ -476,6 +483,29 @@ int main(int argc, char** argv) {
       lib_cpu = cpu_seconds() - c0;
       lib_wall = now_s() - w0;
       remeasure();
+    }
+    if (o.sinks) {
+      // The same forward without and with sinks, alternating, so both see the same machine.
+      Tensor sinks(1, H, 1, 1, PAGEDATTN_DTYPE_FLOAT32);
+      for (int h = 0; h < H; ++h) static_cast<float*>(sinks.data())[h] = 0.5f * (h % 5) - 1.0f;
+      Progress pr("sinks on/off");
+      for (int i = 0; i < n; ++i) {
+        double t[2];
+        for (int on = 0; on < 2; ++on) {
+          ao.sinks = on ? &sinks.t : nullptr;
+          const double t0 = now_s();
+          CHECK(pagedattn_forward(be, batch, cache, i % L, &ao, &q.t, &k.t, &v.t, &out.t,
+                                  nullptr, nullptr));
+          t[on] = now_s() - t0;
+        }
+        if (i >= o.warmup) {
+          sink_off.push_back(t[0]);
+          sink_on.push_back(t[1]);
+          sink_ratio.push_back(t[1] / t[0]);
+        }
+        pr.tick(i + 1, n);
+      }
+      ao.sinks = nullptr;
     }
 
     // Naive baseline over the same cache contents.
@@ -717,6 +747,11 @@ int main(int argc, char** argv) {
   std::fprintf(txt, "  time: median %.3f ms  [min %.3f, p25 %.3f, p75 %.3f, max %.3f] over %d"
                " iters (%d warm-up)\n", med * 1e3, st.min * 1e3, st.p25 * 1e3, st.p75 * 1e3,
                st.max * 1e3, st.n, o.warmup);
+  const Stats s_sink = stats_of(sink_ratio);
+  if (!sink_ratio.empty())
+    std::fprintf(txt, "  sinks on/off: median %.3f / %.3f ms, ratio %.3fx (median of %d alternating"
+                 " rounds) [p25 %.3f, p75 %.3f]\n", stats_of(sink_on).median * 1e3,
+                 stats_of(sink_off).median * 1e3, s_sink.median, s_sink.n, s_sink.p25, s_sink.p75);
   if (o.no_ceilings) {
     std::fprintf(txt, "  floors: not measured (--no-ceilings)\n");
     std::fprintf(txt, "  bytes: %s per call -> %.2f GB/s\n", fmt_bytes(bytes).c_str(), bps / 1e9);
@@ -794,7 +829,8 @@ int main(int argc, char** argv) {
         "\"gemm_ratio_best\":%.4f,\"cpu_share\":%.3f,\"paged_read_bw\":%.6g,"
         "\"paged_ratio\":%.4f,\"cpu_target\":\"%s\",\"scaling_rounds\":%d,"
         "\"scaling_lib\":%.4f,\"scaling_core\":%.4f,\"scaling_stream\":%.4f,"
-        "\"scaling_paged\":%.4f,\"scaling_t1_median_s\":%.9g,\"scaling_tn_median_s\":%.9g}\n",
+        "\"scaling_paged\":%.4f,\"scaling_t1_median_s\":%.9g,\"scaling_tn_median_s\":%.9g,"
+        "\"sinks_ratio\":%.4f}\n",
         o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs, B,
         o.context, o.query, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt), o.layout.c_str(),
         L, o.iters, o.warmup, med, st.min, st.p25, st.p75, st.max, bytes, bps, flops,
@@ -803,7 +839,7 @@ int main(int argc, char** argv) {
         llc, bw_ratio_best, gemm_ratio_best, cpu_share, paged.bytes_per_s, paged_ratio,
         getenv("PAGEDATTN_CPU_TARGET") ? getenv("PAGEDATTN_CPU_TARGET") : "default", o.scaling,
         s_lib.median, s_core.median, s_stream.median, s_paged.median, stats_of(sc_t1).median,
-        stats_of(sc_tn).median);
+        stats_of(sc_tn).median, s_sink.median);
   }
 
   pagedattn_kv_cache_destroy(cache);

@@ -21,12 +21,6 @@ const char* type_name(pagedattn_attention_type t) {
   return "unknown";
 }
 
-void need_feature(const pagedattn_backend* b, uint32_t bit, const char* what) {
-  if (!(b->caps.features & bit))
-    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: %s is not supported by this backend", backend_name(b),
-         what);
-}
-
 void check_dtype_supported(const pagedattn_backend* b, pagedattn_dtype dt, const char* name) {
   if (!(b->caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)))
     fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: %s dtype %s is not supported (supported: %s)",
@@ -84,14 +78,25 @@ extern "C" {
 
 PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(
     pagedattn_attention_options* opts) {
+  return pagedattn_attention_options_init_sized(
+      opts, static_cast<uint32_t>(pa::first_size<pagedattn_attention_options>()));
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_attention_options_init_sized(
+    pagedattn_attention_options* opts, uint32_t size) {
   return pa::guard([&] {
     if (!opts) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "opts is NULL");
-    std::memset(opts, 0, sizeof *opts);
-    opts->struct_size = sizeof *opts;
-    opts->attention_type = PAGEDATTN_ATTENTION_DECODER;
-    opts->write_kv = 1;
-    opts->k_scale = 1.0f;
-    opts->v_scale = 1.0f;
+    pa::check_struct_size(size, pa::first_size<pagedattn_attention_options>(), sizeof *opts,
+                          "opts");
+    /* Every field past the 0.1 layout defaults to zero, so only `size` bytes are written. */
+    pagedattn_attention_options d;
+    std::memset(&d, 0, sizeof d);
+    d.struct_size = size;
+    d.attention_type = PAGEDATTN_ATTENTION_DECODER;
+    d.write_kv = 1;
+    d.k_scale = 1.0f;
+    d.v_scale = 1.0f;
+    std::memcpy(opts, &d, size);
   });
 }
 
@@ -141,6 +146,9 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     if (o.sliding_window < 0)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->sliding_window = %d < 0",
                o.sliding_window);
+    if (o.attention_chunk < 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->attention_chunk = %d < 0",
+               o.attention_chunk);
     if (o.write_kv != 0 && o.write_kv != 1)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->write_kv = %d is not 0 or 1", o.write_kv);
     pa::check_finite_positive(o.k_scale, "k_scale");
@@ -154,6 +162,11 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
                "opts->sliding_window = %d but a window applies to decoder attention only (type "
                "%s)",
                o.sliding_window, pa::type_name(type));
+    if (!decoder && o.attention_chunk > 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "opts->attention_chunk = %d but chunked local attention applies to decoder "
+               "attention only (type %s)",
+               o.attention_chunk, pa::type_name(type));
     if (type == PAGEDATTN_ATTENTION_ENCODER_ONLY && o.write_kv)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
                "opts->write_kv = 1 with encoder-only attention (it has no cache)");
@@ -262,28 +275,23 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
                  "q dtype %s with a %s cache is not supported (the cache must be %s or fp8)",
                  pa::dtype_name(dt), pa::dtype_name(cdt), pa::dtype_name(dt));
     }
-    if (o.alibi_slopes) {
-      const pagedattn_tensor& s = *o.alibi_slopes;
-      if (s.ndim != 1)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR,
-                 "opts->alibi_slopes: ndim %d != 1 (expected shape [%d], num_heads)", s.ndim, H);
-      if (!s.shape) pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: shape is NULL");
-      if (s.shape[0] != H)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR,
-                 "opts->alibi_slopes: shape %s != expected [%d] (num_heads)",
-                 pa::shape_str(s.shape, 1).c_str(), H);
-      if (s.dtype.code != PAGEDATTN_DLPACK_FLOAT || s.dtype.bits != 32 || s.dtype.lanes != 1)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: dtype %s is not float32",
-                 pa::dlpack_dtype_str(s.dtype).c_str());
-      if (s.strides && s.strides[0] != 1)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "opts->alibi_slopes: innermost stride %lld != 1",
-                 static_cast<long long>(s.strides[0]));
-      const int64_t unit = 1;
-      pa::check_extent(&s, "opts->alibi_slopes", 1, &unit, sizeof(float));
-      pa::check_device(s.device, dev, "opts->alibi_slopes", "the backend");
-      if (!s.data) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "opts->alibi_slopes->data is NULL");
+    if (o.alibi_slopes)
       a.alibi_slopes =
-          reinterpret_cast<const float*>(static_cast<const char*>(s.data) + s.byte_offset);
+          pa::resolve_vec_f32(o.alibi_slopes, "opts->alibi_slopes", H, "num_heads", dev);
+    if (o.sinks) a.sinks = pa::resolve_vec_f32(o.sinks, "opts->sinks", H, "num_heads", dev);
+    /* Per-head scales are checked whatever the cache, but only an fp8 cache uses them. */
+    const float* khs = o.k_head_scales ? pa::resolve_vec_f32(o.k_head_scales,
+                                                             "opts->k_head_scales", Hkv,
+                                                             "num_kv_heads", dev, true)
+                                       : nullptr;
+    const float* vhs = o.v_head_scales ? pa::resolve_vec_f32(o.v_head_scales,
+                                                             "opts->v_head_scales", Hkv,
+                                                             "num_kv_heads", dev, true)
+                                       : nullptr;
+    if (c && (c->desc.dtype == PAGEDATTN_DTYPE_FP8_E4M3 ||
+              c->desc.dtype == PAGEDATTN_DTYPE_FP8_E5M2)) {
+      a.k_head_scales = khs;
+      a.v_head_scales = vhs;
     }
 
     /* What the backend can do. */
@@ -292,6 +300,11 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     if (o.alibi_slopes) pa::need_feature(b, PAGEDATTN_FEATURE_ALIBI, "ALiBi");
     if (o.sliding_window > 0)
       pa::need_feature(b, PAGEDATTN_FEATURE_SLIDING_WINDOW, "sliding window");
+    if (o.sinks) pa::need_feature(b, PAGEDATTN_FEATURE_SINKS, "attention sinks");
+    if (o.attention_chunk > 0)
+      pa::need_feature(b, PAGEDATTN_FEATURE_CHUNKED_LOCAL, "chunked local attention");
+    if (o.k_head_scales || o.v_head_scales)
+      pa::need_feature(b, PAGEDATTN_FEATURE_HEAD_SCALES, "per-head fp8 scales");
     if (cross) pa::need_feature(b, PAGEDATTN_FEATURE_CROSS_ATTENTION, "cross attention");
     if (encoder_like) pa::need_feature(b, PAGEDATTN_FEATURE_ENCODER, "encoder attention");
     if (lse) pa::need_feature(b, PAGEDATTN_FEATURE_LSE, "log-sum-exp output");
@@ -309,6 +322,7 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     a.scale = o.scale > 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(D));
     a.soft_cap = o.soft_cap;
     a.sliding_window = o.sliding_window;
+    a.attention_chunk = o.attention_chunk;
     a.attention_type = type;
     a.write_kv = o.write_kv;
     a.k_scale = o.k_scale;

@@ -202,6 +202,127 @@ void check_buffer(const pagedattn_kv_cache* c, const int32_t* ids, size_t n, con
 
 }  // namespace pa
 
+namespace pa {
+namespace {
+
+/* pagedattn_kv_cache_write and _write_scaled: scalar scales, and per-head ones when given. */
+void cache_write(pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tensor* key,
+               const pagedattn_tensor* value, const pagedattn_tensor* slot_mapping,
+               float k_scale, float v_scale, const pagedattn_tensor* k_head_scales,
+               const pagedattn_tensor* v_head_scales, void* stream) {
+  pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+  pagedattn_backend* b = c->backend;
+  pa::check_layer(c, layer);
+  if (!slot_mapping) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping is NULL");
+  const pagedattn_tensor& sm = *slot_mapping;
+  if (sm.ndim != 1 || !sm.shape)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: ndim %d != 1", sm.ndim);
+  const bool i64 = sm.dtype.code == PAGEDATTN_DLPACK_INT && sm.dtype.bits == 64 &&
+                   sm.dtype.lanes == 1;
+  const bool i32 = sm.dtype.code == PAGEDATTN_DLPACK_INT && sm.dtype.bits == 32 &&
+                   sm.dtype.lanes == 1;
+  if (!i64 && !i32)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: dtype %s is not int32 or int64",
+             pa::dlpack_dtype_str(sm.dtype).c_str());
+  const int64_t n = sm.shape[0];
+  if (n < 0)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: shape [%lld] is negative",
+             static_cast<long long>(n));
+  /* tensor.h: every tensor read needs a unit innermost stride, a one-element one too. */
+  if (sm.strides && sm.strides[0] != 1)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: innermost stride %lld != 1",
+             static_cast<long long>(sm.strides[0]));
+  const int64_t unit = 1;
+  pa::check_extent(&sm, "slot_mapping", 1, &unit, i64 ? 8 : 4);
+  const pagedattn_dtype dt = pa::tensor_float_dtype(key, "key");
+  const pagedattn_dtype cdt = c->desc.dtype;
+  const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
+  if (!fp8 && dt != cdt)
+    pa::fail(PAGEDATTN_ERROR_UNSUPPORTED,
+             "key dtype %s with a %s cache is not supported (the cache must be %s or fp8)",
+             pa::dtype_name(dt), pa::dtype_name(cdt), pa::dtype_name(dt));
+  if (!(b->caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)))
+    pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: key dtype %s is not supported (supported: %s)",
+             pa::backend_name(b), pa::dtype_name(dt), pa::dtype_mask_names(b->caps.dtypes).c_str());
+  const int32_t H = c->desc.num_kv_heads, D = c->desc.head_size;
+  pa_write_args a;
+  std::memset(&a, 0, sizeof a);
+  /* A GPU backend's host cache takes any host memory (pinned or not). */
+  const pagedattn_device want = c->pc.host ? pa::host_device_of(b) : c->pc.device;
+  /* One key/value row per slot: say so when only the row counts disagree. */
+  for (const pagedattn_tensor* t : {key, value})
+    if (t && t->ndim == 3 && t->shape && t->shape[0] != n)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape[0] = %lld rows != slot_mapping length %lld",
+               t == key ? "key" : "value", static_cast<long long>(t->shape[0]),
+               static_cast<long long>(n));
+  a.k = pa::resolve3(key, "key", n, H, D, dt, want);
+  a.v = pa::resolve3(value, "value", n, H, D, dt, want);
+  /* Slots in host memory are read here; slots on the GPU are checked by the kernel. */
+  bool on_device = false;
+  if (pa::is_host_device_type(sm.device.device_type)) {
+    if (c->pc.device.device_type == PAGEDATTN_DEVICE_CPU)
+      pa::check_device(sm.device, c->pc.device, "slot_mapping", "the cache");
+  } else {
+    if (c->pc.host || !pa::device_matches(sm.device, b->caps.device))
+      pa::fail(PAGEDATTN_ERROR_WRONG_DEVICE, "slot_mapping: on %s, the cache is on %s",
+               pa::device_str(sm.device).c_str(), pa::device_str(c->pc.device).c_str());
+    on_device = true;
+  }
+  if (n > 0 && !sm.data) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping->data is NULL");
+  const void* slots =
+      sm.data ? static_cast<const char*>(sm.data) + sm.byte_offset : nullptr;
+  if (fp8) {
+    if (!std::isfinite(k_scale) || !(k_scale > 0.0f))
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "k_scale = %g must be finite and > 0",
+               static_cast<double>(k_scale));
+    if (!std::isfinite(v_scale) || !(v_scale > 0.0f))
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "v_scale = %g must be finite and > 0",
+               static_cast<double>(v_scale));
+  }
+  if (!on_device) {
+    const int64_t limit = static_cast<int64_t>(c->desc.num_blocks) * c->desc.block_size;
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t s = i64 ? static_cast<const int64_t*>(slots)[t]
+                            : static_cast<const int32_t*>(slots)[t];
+      if (s < -1)
+        pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "slot_mapping[%lld] = %lld < -1",
+                 static_cast<long long>(t), static_cast<long long>(s));
+      if (s >= limit)
+        pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE,
+                 "slot_mapping[%lld] = %lld >= num_blocks*block_size %lld",
+                 static_cast<long long>(t), static_cast<long long>(s),
+                 static_cast<long long>(limit));
+    }
+    pa::check_distinct_slots(slots, i64, n, "slot_mapping");
+  }
+  /* Per-head scales are checked whatever the cache, but only an fp8 cache uses them. */
+  const float* khs = k_head_scales ? pa::resolve_vec_f32(k_head_scales, "k_head_scales", H,
+                                                         "num_kv_heads", want, true)
+                                   : nullptr;
+  const float* vhs = v_head_scales ? pa::resolve_vec_f32(v_head_scales, "v_head_scales", H,
+                                                         "num_kv_heads", want, true)
+                                   : nullptr;
+  if (k_head_scales || v_head_scales)
+    pa::need_feature(b, PAGEDATTN_FEATURE_HEAD_SCALES, "per-head fp8 scales");
+  if (n == 0) return;
+  a.cache = &c->pc;
+  a.layer = layer;
+  a.slots = slots;
+  a.slots_int64 = i64 ? 1 : 0;
+  a.slots_on_device = on_device ? 1 : 0;
+  a.n = n;
+  a.k_scale = fp8 ? k_scale : 1.0f;
+  a.v_scale = fp8 ? v_scale : 1.0f;
+  a.k_head_scales = fp8 ? khs : nullptr;
+  a.v_head_scales = fp8 ? vhs : nullptr;
+  a.stream = stream;
+  char msg[PA_MSG_LEN] = {0};
+  pa::check_op(b->ops->cache_write(b->state, &a, msg), pa::backend_name(b), "cache_write", msg);
+}
+
+}  // namespace
+}  // namespace pa
+
 extern "C" {
 
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_desc_init(pagedattn_kv_cache_desc* desc) {
@@ -365,6 +486,7 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_layer(void** k, void** v,
   });
 }
 
+
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cache, int32_t layer,
                                                        const pagedattn_tensor* key,
                                                        const pagedattn_tensor* value,
@@ -372,103 +494,18 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
                                                        float k_scale, float v_scale,
                                                        void* stream) {
   return pa::guard([&] {
-    pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
-    pagedattn_backend* b = c->backend;
-    pa::check_layer(c, layer);
-    if (!slot_mapping) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping is NULL");
-    const pagedattn_tensor& sm = *slot_mapping;
-    if (sm.ndim != 1 || !sm.shape)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: ndim %d != 1", sm.ndim);
-    const bool i64 = sm.dtype.code == PAGEDATTN_DLPACK_INT && sm.dtype.bits == 64 &&
-                     sm.dtype.lanes == 1;
-    const bool i32 = sm.dtype.code == PAGEDATTN_DLPACK_INT && sm.dtype.bits == 32 &&
-                     sm.dtype.lanes == 1;
-    if (!i64 && !i32)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: dtype %s is not int32 or int64",
-               pa::dlpack_dtype_str(sm.dtype).c_str());
-    const int64_t n = sm.shape[0];
-    if (n < 0)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: shape [%lld] is negative",
-               static_cast<long long>(n));
-    /* tensor.h: every tensor read needs a unit innermost stride, a one-element one too. */
-    if (sm.strides && sm.strides[0] != 1)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "slot_mapping: innermost stride %lld != 1",
-               static_cast<long long>(sm.strides[0]));
-    const int64_t unit = 1;
-    pa::check_extent(&sm, "slot_mapping", 1, &unit, i64 ? 8 : 4);
-    const pagedattn_dtype dt = pa::tensor_float_dtype(key, "key");
-    const pagedattn_dtype cdt = c->desc.dtype;
-    const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
-    if (!fp8 && dt != cdt)
-      pa::fail(PAGEDATTN_ERROR_UNSUPPORTED,
-               "key dtype %s with a %s cache is not supported (the cache must be %s or fp8)",
-               pa::dtype_name(dt), pa::dtype_name(cdt), pa::dtype_name(dt));
-    if (!(b->caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)))
-      pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: key dtype %s is not supported (supported: %s)",
-               pa::backend_name(b), pa::dtype_name(dt), pa::dtype_mask_names(b->caps.dtypes).c_str());
-    const int32_t H = c->desc.num_kv_heads, D = c->desc.head_size;
-    pa_write_args a;
-    std::memset(&a, 0, sizeof a);
-    /* A GPU backend's host cache takes any host memory (pinned or not). */
-    const pagedattn_device want = c->pc.host ? pa::host_device_of(b) : c->pc.device;
-    /* One key/value row per slot: say so when only the row counts disagree. */
-    for (const pagedattn_tensor* t : {key, value})
-      if (t && t->ndim == 3 && t->shape && t->shape[0] != n)
-        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape[0] = %lld rows != slot_mapping length %lld",
-                 t == key ? "key" : "value", static_cast<long long>(t->shape[0]),
-                 static_cast<long long>(n));
-    a.k = pa::resolve3(key, "key", n, H, D, dt, want);
-    a.v = pa::resolve3(value, "value", n, H, D, dt, want);
-    /* Slots in host memory are read here; slots on the GPU are checked by the kernel. */
-    bool on_device = false;
-    if (pa::is_host_device_type(sm.device.device_type)) {
-      if (c->pc.device.device_type == PAGEDATTN_DEVICE_CPU)
-        pa::check_device(sm.device, c->pc.device, "slot_mapping", "the cache");
-    } else {
-      if (c->pc.host || !pa::device_matches(sm.device, b->caps.device))
-        pa::fail(PAGEDATTN_ERROR_WRONG_DEVICE, "slot_mapping: on %s, the cache is on %s",
-                 pa::device_str(sm.device).c_str(), pa::device_str(c->pc.device).c_str());
-      on_device = true;
-    }
-    if (n > 0 && !sm.data) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping->data is NULL");
-    const void* slots =
-        sm.data ? static_cast<const char*>(sm.data) + sm.byte_offset : nullptr;
-    if (fp8) {
-      if (!std::isfinite(k_scale) || !(k_scale > 0.0f))
-        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "k_scale = %g must be finite and > 0",
-                 static_cast<double>(k_scale));
-      if (!std::isfinite(v_scale) || !(v_scale > 0.0f))
-        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "v_scale = %g must be finite and > 0",
-                 static_cast<double>(v_scale));
-    }
-    if (!on_device) {
-      const int64_t limit = static_cast<int64_t>(c->desc.num_blocks) * c->desc.block_size;
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t s = i64 ? static_cast<const int64_t*>(slots)[t]
-                              : static_cast<const int32_t*>(slots)[t];
-        if (s < -1)
-          pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "slot_mapping[%lld] = %lld < -1",
-                   static_cast<long long>(t), static_cast<long long>(s));
-        if (s >= limit)
-          pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE,
-                   "slot_mapping[%lld] = %lld >= num_blocks*block_size %lld",
-                   static_cast<long long>(t), static_cast<long long>(s),
-                   static_cast<long long>(limit));
-      }
-      pa::check_distinct_slots(slots, i64, n, "slot_mapping");
-    }
-    if (n == 0) return;
-    a.cache = &c->pc;
-    a.layer = layer;
-    a.slots = slots;
-    a.slots_int64 = i64 ? 1 : 0;
-    a.slots_on_device = on_device ? 1 : 0;
-    a.n = n;
-    a.k_scale = fp8 ? k_scale : 1.0f;
-    a.v_scale = fp8 ? v_scale : 1.0f;
-    a.stream = stream;
-    char msg[PA_MSG_LEN] = {0};
-    pa::check_op(b->ops->cache_write(b->state, &a, msg), pa::backend_name(b), "cache_write", msg);
+    pa::cache_write(cache, layer, key, value, slot_mapping, k_scale, v_scale, nullptr, nullptr,
+                    stream);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write_scaled(
+    pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tensor* key,
+    const pagedattn_tensor* value, const pagedattn_tensor* slot_mapping,
+    const pagedattn_tensor* k_head_scales, const pagedattn_tensor* v_head_scales, void* stream) {
+  return pa::guard([&] {
+    pa::cache_write(cache, layer, key, value, slot_mapping, 1.0f, 1.0f, k_head_scales,
+                    v_head_scales, stream);
   });
 }
 

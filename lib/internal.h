@@ -84,6 +84,10 @@ constexpr size_t first_size<pagedattn_batch_desc>() {
   return offsetof(pagedattn_batch_desc, lens_form); /* 0.1 */
 }
 template <>
+constexpr size_t first_size<pagedattn_attention_options>() {
+  return offsetof(pagedattn_attention_options, sinks); /* 0.1 */
+}
+template <>
 constexpr size_t first_size<pagedattn_batch_info>() {
   return offsetof(pagedattn_batch_info, host_bytes); /* 0.1 */
 }

@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 /* Bump on any change to the structs or ops below. */
-#define PA_PLUGIN_ABI_VERSION 2u
+#define PA_PLUGIN_ABI_VERSION 3u
 #define PA_MSG_LEN 512
 
 /* A resolved [rows, heads, dim] tensor (dim stride 1). data already includes byte_offset. */
@@ -122,6 +122,13 @@ typedef struct pa_forward_args {
   float k_scale;
   float v_scale;
   const float* alibi_slopes;      /* [num_heads] on the device, contiguous, or NULL */
+  const float* sinks;             /* [num_heads] on the device, contiguous, or NULL */
+  int32_t attention_chunk;        /* 0 = off (decoder only) */
+  /* [num_kv_heads] on the device, contiguous, or NULL (then k_scale / v_scale); set only for fp8
+   * caches. Host-memory values are already checked finite and > 0; a backend maps a bad value in
+   * device memory to NaN. */
+  const float* k_head_scales;
+  const float* v_head_scales;
   pa_tensor3 q;                   /* [num_tokens, H, D] */
   pa_tensor3 k;                   /* [rows, Hkv, D] or data NULL */
   pa_tensor3 v;
@@ -153,6 +160,8 @@ typedef struct pa_write_args {
   int64_t n;
   float k_scale;                  /* > 0 */
   float v_scale;
+  const float* k_head_scales;     /* [num_kv_heads] on the device, or NULL (as pa_forward_args) */
+  const float* v_head_scales;
   void* stream;
 } pa_write_args;
 
@@ -229,6 +238,8 @@ static inline int pa_forward_write_args(const pa_forward_args* a, pa_write_args*
   w->n = cross ? bt->num_encoder_tokens : bt->num_tokens;
   w->k_scale = a->k_scale;
   w->v_scale = a->v_scale;
+  w->k_head_scales = a->k_head_scales;
+  w->v_head_scales = a->v_head_scales;
   w->stream = a->stream;
   return a->write_kv && a->cache != NULL && a->k.data != NULL && w->n > 0 && w->slots != NULL;
 }

@@ -3,6 +3,7 @@
  * Every failure raises pa::Error with a message naming the argument and the offending value. */
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -186,6 +187,43 @@ pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, i
   r.row_stride = strides[0];
   r.head_stride = strides[1];
   return r;
+}
+
+void need_feature(const pagedattn_backend* b, uint32_t bit, const char* what) {
+  if (!(b->caps.features & bit))
+    fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: %s is not supported by this backend", backend_name(b),
+         what);
+}
+
+const float* resolve_vec_f32(const pagedattn_tensor* t, const char* name, int64_t n,
+                             const char* what, const pagedattn_device& dev,
+                             bool finite_positive) {
+  const pagedattn_tensor& s = *t;
+  if (s.ndim != 1)
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: ndim %d != 1 (expected shape [%lld], %s)", name,
+         s.ndim, static_cast<long long>(n), what);
+  if (!s.shape) fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape is NULL", name);
+  if (s.shape[0] != n)
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape %s != expected [%lld] (%s)", name,
+         shape_str(s.shape, 1).c_str(), static_cast<long long>(n), what);
+  if (s.dtype.code != PAGEDATTN_DLPACK_FLOAT || s.dtype.bits != 32 || s.dtype.lanes != 1)
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: dtype %s is not float32", name,
+         dlpack_dtype_str(s.dtype).c_str());
+  if (s.strides && s.strides[0] != 1)
+    fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: innermost stride %lld != 1", name,
+         static_cast<long long>(s.strides[0]));
+  const int64_t unit = 1;
+  check_extent(&s, name, 1, &unit, sizeof(float));
+  check_device(s.device, dev, name, "the backend");
+  if (!s.data) fail(PAGEDATTN_ERROR_NULL_POINTER, "%s->data is NULL", name);
+  const float* p = reinterpret_cast<const float*>(static_cast<const char*>(s.data) + s.byte_offset);
+  if (finite_positive && is_host_device_type(s.device.device_type)) {
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(p[i]) || !(p[i] > 0.0f))
+        fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "%s[%lld] = %g must be finite and > 0", name,
+             static_cast<long long>(i), static_cast<double>(p[i]));
+  }
+  return p;
 }
 
 pa_lse resolve_lse(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,

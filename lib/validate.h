@@ -41,6 +41,17 @@ pa_tensor3 resolve3(const pagedattn_tensor* t, const char* name, int64_t rows, i
 pa_lse resolve_lse(const pagedattn_tensor* t, const char* name, int64_t rows, int32_t heads,
                    const pagedattn_device& dev, bool padded = false);
 
+/* Refuses (UNSUPPORTED, naming the backend and `what`) a feature bit the backend lacks. */
+void need_feature(const pagedattn_backend* b, uint32_t bit, const char* what);
+
+/* Checks a float32 [n] tensor with unit stride on `dev` (ALiBi slopes, sinks, per-head scales;
+ * `what` names the extent in messages: "num_heads") and returns its first element's address.
+ * With `finite_positive` and the tensor in host memory, every value must be finite and > 0
+ * (INVALID_ARGUMENT naming the index); values in device memory are not read. */
+const float* resolve_vec_f32(const pagedattn_tensor* t, const char* name, int64_t n,
+                             const char* what, const pagedattn_device& dev,
+                             bool finite_positive = false);
+
 /* Validates a cache geometry without a backend (sizes, power-of-two block size, dtype, layout,
  * flags, byte counts that fit). Returns bytes per block (all layers, K and V). */
 uint64_t check_cache_desc(const pagedattn_kv_cache_desc& d, bool need_blocks);

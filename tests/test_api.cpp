@@ -1,5 +1,6 @@
 // API basics: versions, status strings, the thread-local last error, dtype helpers, inits.
 #include <cstring>
+#include <vector>
 #include <string>
 #include <thread>
 
@@ -188,7 +189,8 @@ TEST(Inits, DefaultsAndStructSize) {
   pagedattn_attention_options ao;
   std::memset(&ao, 0xAB, sizeof ao);
   ASSERT_EQ(pagedattn_attention_options_init(&ao), PAGEDATTN_OK);
-  EXPECT_EQ(ao.struct_size, sizeof ao);
+  // The 0.1 layout (attention.h), as for the batch desc.
+  EXPECT_EQ(ao.struct_size, offsetof(pagedattn_attention_options, sinks));
   EXPECT_EQ(ao.scale, 0.0f);
   EXPECT_EQ(ao.soft_cap, 0.0f);
   EXPECT_EQ(ao.sliding_window, 0);
@@ -202,6 +204,35 @@ TEST(Inits, DefaultsAndStructSize) {
   EXPECT_TRUE(status_is(pagedattn_kv_cache_desc_init(nullptr), PAGEDATTN_ERROR_NULL_POINTER));
   EXPECT_TRUE(status_is(pagedattn_batch_desc_init(nullptr), PAGEDATTN_ERROR_NULL_POINTER));
   EXPECT_TRUE(status_is(pagedattn_attention_options_init(nullptr), PAGEDATTN_ERROR_NULL_POINTER));
+}
+
+TEST(Inits, AttentionOptionsSizes) {
+  // pagedattn_attention_options_init fills the 0.1 layout only (never past an old caller's
+  // struct); init_sized fills what it is told, the later fields off.
+  const size_t v01 = offsetof(pagedattn_attention_options, sinks);
+  std::vector<uint8_t> mem(sizeof(pagedattn_attention_options) + 8, 0xAB);
+  auto* o = reinterpret_cast<pagedattn_attention_options*>(mem.data());
+  ASSERT_EQ(pagedattn_attention_options_init(o), PAGEDATTN_OK);
+  EXPECT_EQ(o->struct_size, v01);
+  EXPECT_EQ(o->k_scale, 1.0f);
+  for (size_t i = v01; i < mem.size(); ++i)
+    ASSERT_EQ(mem[i], 0xAB) << "options_init wrote byte " << i << " past the 0.1 layout";
+  std::fill(mem.begin(), mem.end(), 0xAB);
+  ASSERT_EQ(pagedattn_attention_options_init_sized(o, sizeof *o), PAGEDATTN_OK);
+  EXPECT_EQ(o->struct_size, sizeof *o);
+  EXPECT_EQ(o->write_kv, 1);
+  EXPECT_EQ(o->v_scale, 1.0f);
+  EXPECT_EQ(o->sinks, nullptr);
+  EXPECT_EQ(o->attention_chunk, 0);
+  EXPECT_EQ(o->k_head_scales, nullptr);
+  EXPECT_EQ(o->v_head_scales, nullptr);
+  for (size_t i = sizeof *o; i < mem.size(); ++i) EXPECT_EQ(mem[i], 0xAB) << "byte " << i;
+  EXPECT_TRUE(status_is(pagedattn_attention_options_init_sized(o, 8), PAGEDATTN_ERROR_STRUCT_SIZE,
+                        "opts->struct_size = 8"));
+  EXPECT_TRUE(status_is(pagedattn_attention_options_init_sized(o, sizeof *o + 8),
+                        PAGEDATTN_ERROR_STRUCT_SIZE, "is not a known size"));
+  EXPECT_TRUE(status_is(pagedattn_attention_options_init_sized(nullptr, sizeof *o),
+                        PAGEDATTN_ERROR_NULL_POINTER, "opts is NULL"));
 }
 
 TEST(Destroy, NullIsNoOp) {

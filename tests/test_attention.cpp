@@ -129,6 +129,32 @@ TEST_F(Attention, FastFeatures) {
   });
 }
 
+// The 2026 variants (docs/semantics.md 5.14-5.16): sinks, attention chunks, per-head fp8 scales,
+// each alone and over decode, prefill and chunked-prefill rows.
+TEST_F(Attention, FastSinksChunksHeadScales) {
+  if (!(caps.features & PAGEDATTN_FEATURE_SINKS) ||
+      !(caps.features & PAGEDATTN_FEATURE_CHUNKED_LOCAL) ||
+      !(caps.features & PAGEDATTN_FEATURE_HEAD_SCALES))
+    GTEST_SKIP() << "skipped: " << caps.name << " lacks sinks, chunks or per-head scales";
+  run(18, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.dtype = kModel[i % 3];
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 5), 24, 90, i % 4 == 0);
+    switch (i % 3) {
+      case 0: c.sinks = true; break;
+      case 1: c.chunk = 1 + static_cast<int>(rng() % 40); break;
+      default:
+        c.cache_dtype = i % 2 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_FP8_E5M2;
+        c.head_scales = true;
+        c.k_scale = 8.0f;  // the scalars must be ignored
+        c.v_scale = 0.0625f;
+        break;
+    }
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
 TEST_F(Attention, FastNonFiniteInputsPropagate) {
   // docs/semantics.md section 5: a NaN or infinity in q, k or v that a row reads gives what
   // float64 gives (a NaN score: NaN output and log-sum-exp; an infinite V: an infinite or NaN
@@ -370,6 +396,77 @@ TEST_F(Attention, AlibiSoftCapWindowScale) {
     if (i % 5 < 2) c.window = 1 + static_cast<int>(rng() % 120);
     if (i % 4 == 1) c.scale = 0.02f + 0.01f * static_cast<float>(rng() % 20);
     limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, SinksChunksHeadScalesWithEveryOption) {
+  if (!(caps.features & PAGEDATTN_FEATURE_SINKS) ||
+      !(caps.features & PAGEDATTN_FEATURE_CHUNKED_LOCAL) ||
+      !(caps.features & PAGEDATTN_FEATURE_HEAD_SCALES))
+    GTEST_SKIP() << "skipped: " << caps.name << " lacks sinks, chunks or per-head scales";
+  // Combined with each other and with window, soft cap, ALiBi, GQA, fp8, strided tensors and
+  // long contexts that split the keys (the sink counts once however they are split).
+  run(36, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    const int shape = i % 4;
+    if (shape == 0)
+      c.seqs = pat::random_decode_seqs(rng, 1 + static_cast<int>(rng() % 3), 3000);
+    else if (shape == 1)
+      c.seqs = pat::random_chunked_seqs(rng, 1 + static_cast<int>(rng() % 3), 16, 400);
+    else
+      c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 6), 60, 600, true);
+    c.sinks = rng() % 3 != 0;
+    if (rng() % 2) c.chunk = 1 + static_cast<int>(rng() % 300);
+    if (rng() % 2) {
+      c.cache_dtype = rng() % 2 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_FP8_E5M2;
+      c.head_scales = rng() % 3 != 0;
+      c.k_scale = 0.5f;
+      c.v_scale = 2.0f;
+    }
+    if (rng() % 3 == 0) c.window = 1 + static_cast<int>(rng() % 200);
+    if (rng() % 3 == 0) c.soft_cap = 5.0f + static_cast<float>(rng() % 30);
+    if (rng() % 4 == 0) c.alibi = true;
+    if (rng() % 4 == 0) c.strided_io = true;
+    if (rng() % 4 == 0) c.write_kv = false;
+    limit_cost(c, 40'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, SinksOnEncoderAndCrossRows) {
+  if (!(caps.features & PAGEDATTN_FEATURE_SINKS))
+    GTEST_SKIP() << "skipped: " << caps.name << " lacks sinks";
+  // Every attention type takes sinks; a cross row without encoder tokens outputs zeros and its
+  // lse is the sink.
+  run(12, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.sinks = true;
+    c.lse = true;
+    c.seqs = pat::random_prefill_seqs(rng, 1 + static_cast<int>(rng() % 4), 40);
+    switch (i % 3) {
+      case 0: c.type = PAGEDATTN_ATTENTION_ENCODER; break;
+      case 1: c.type = PAGEDATTN_ATTENTION_ENCODER_ONLY; c.write_kv = false; break;
+      default:
+        c.type = PAGEDATTN_ATTENTION_CROSS;
+        for (size_t j = 0; j < c.seqs.size(); ++j)
+          c.seqs[j].enc = j % 2 ? 0 : 1 + static_cast<int>(rng() % 60);
+        break;
+    }
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, Options01SizeIgnoresLaterFields) {
+  // A caller built against 0.1 headers: pagedattn_attention_options_init's 0.1 size, and the
+  // later fields (here set, as a newer caller's leftovers would be) are not read.
+  run(6, [&](std::mt19937_64& rng, int) {
+    AttnCase c = base(rng);
+    c.sized_opts = false;
+    c.sinks = true;
+    c.chunk = 3;
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 4), 20, 60, false);
     return c;
   });
 }

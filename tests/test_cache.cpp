@@ -338,6 +338,64 @@ TEST_F(Cache, Fp8SaturatesAndScales) {
   }
 }
 
+TEST_F(Cache, Fp8PerHeadScales) {
+  // pagedattn_kv_cache_write_scaled: head h stores fp8(x / scale[h]); NULL is scale 1; a cache
+  // that is not fp8 ignores the scales.
+  for (pagedattn_dtype cdt : {PAGEDATTN_DTYPE_FP8_E4M3, PAGEDATTN_DTYPE_FP8_E5M2,
+                              PAGEDATTN_DTYPE_FLOAT32}) {
+    auto g = geom(1, 1, 2, 3, 8, cdt);
+    pagedattn_kv_cache* c = make(g);
+    ASSERT_NE(c, nullptr);
+    pat::Tensor k(dev, PAGEDATTN_DTYPE_FLOAT32, 1, 3, 8), v(dev, PAGEDATTN_DTYPE_FLOAT32, 1, 3, 8);
+    for (int h = 0; h < 3; ++h)
+      for (int d = 0; d < 8; ++d) {
+        k.set(0, h, d, 0.37f * static_cast<float>(d - 3) + static_cast<float>(h));
+        v.set(0, h, d, -1.9f * static_cast<float>(d) + 0.5f);
+      }
+    k.upload();
+    v.upload();
+    const float ks[3] = {0.5f, 4.0f, 0.125f}, vs[3] = {2.0f, 0.25f, 3.0f};
+    auto kst = pat::Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, 3);
+    auto vst = pat::Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, 3);
+    for (int h = 0; h < 3; ++h) {
+      kst->set(h, 0, 0, ks[h]);
+      vst->set(h, 0, 0, vs[h]);
+    }
+    kst->upload();
+    vst->upload();
+    pat::DevBuf sb(dev, 8);
+    const int64_t slot = 1;
+    std::memcpy(sb.host().data(), &slot, 8);
+    sb.upload();
+    int64_t shp[1] = {1};
+    pagedattn_tensor st{};
+    st.data = sb.ptr();
+    st.device = dev;
+    st.ndim = 1;
+    st.dtype = {PAGEDATTN_DLPACK_INT, 64, 1};
+    st.shape = shp;
+    for (bool k_null : {false, true}) {
+      ASSERT_EQ(pagedattn_kv_cache_write_scaled(c, 0, k.t(), v.t(), &st, k_null ? nullptr : kst->t(),
+                                                vst->t(), nullptr),
+                PAGEDATTN_OK)
+          << pat::last_error();
+      auto img = read_all(c);
+      const size_t es = pat::dtype_bytes(cdt);
+      for (int h = 0; h < 3; ++h)
+        for (int d = 0; d < 8; ++d) {
+          // NHD block: K then V, each [slot][head][dim]; slot 1.
+          const size_t ko = ((1 * 3 + h) * 8 + d) * es, vo = ((2 * 3 + 1 * 3 + h) * 8 + d) * es;
+          const bool fp8 = pat::is_fp8(cdt);
+          const float kscale = !fp8 || k_null ? 1.0f : ks[h], vscale = fp8 ? vs[h] : 1.0f;
+          EXPECT_EQ(pat::load(cdt, &img[ko]), pat::round_to(cdt, k.get(0, h, d) / kscale))
+              << pat::dtype_str(cdt) << " K head " << h << " dim " << d << " k_null " << k_null;
+          EXPECT_EQ(pat::load(cdt, &img[vo]), pat::round_to(cdt, v.get(0, h, d) / vscale))
+              << pat::dtype_str(cdt) << " V head " << h << " dim " << d;
+        }
+    }
+  }
+}
+
 TEST_F(Cache, WrapCustomStrides) {
   const uint64_t seed = pat::test_seed();
   SCOPED_TRACE(pat::seed_note(seed));
@@ -561,6 +619,36 @@ TEST_F(CacheWrite, RepeatedSlotWritesNothing) {
                                      1.f, nullptr),
             PAGEDATTN_OK)
       << pat::last_error();
+}
+
+TEST_F(CacheWrite, PerHeadScaleRefusals) {
+  pagedattn_tensor* good = slot_tensor({0, -1, 5});
+  auto hs = pat::Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, 2);
+  hs->set(0, 0, 0, 1.0f);
+  hs->set(1, 0, 0, 2.0f);
+  hs->upload();
+  pagedattn_tensor t = *hs->t();
+  int64_t three[1] = {3};
+  t.shape = three;
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write_scaled(c, 0, k->t(), v->t(), good, &t, nullptr, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR, "k_head_scales: shape [3] != expected [2] (num_kv_heads)"));
+  EXPECT_TRUE(unchanged());
+  t = *hs->t();
+  t.dtype = {PAGEDATTN_DLPACK_FLOAT, 64, 1};
+  EXPECT_TRUE(status_is(pagedattn_kv_cache_write_scaled(c, 0, k->t(), v->t(), good, nullptr, &t, nullptr),
+                        PAGEDATTN_ERROR_BAD_TENSOR, "v_head_scales: dtype {code 2, bits 64, lanes 1} is not float32"));
+  EXPECT_TRUE(unchanged());
+  // Scales in host memory are read: every one finite and > 0, whatever the cache's dtype.
+  if (dev.device_type == PAGEDATTN_DEVICE_CPU) {
+    for (float bad : {0.0f, -3.0f, NAN, -INFINITY}) {
+      hs->set(1, 0, 0, bad);
+      hs->upload();
+      EXPECT_TRUE(status_is(pagedattn_kv_cache_write_scaled(c, 0, k->t(), v->t(), good, hs->t(), nullptr, nullptr),
+                            PAGEDATTN_ERROR_INVALID_ARGUMENT, "k_head_scales[1] = "))
+          << bad;
+      EXPECT_TRUE(unchanged());
+    }
+  }
 }
 
 TEST_F(CacheWrite, Refusals) {

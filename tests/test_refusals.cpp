@@ -305,6 +305,72 @@ TEST_F(ForwardRefusal, AlibiSlopesTensor) {
   refused("ALiBi slopes device", PAGEDATTN_ERROR_WRONG_DEVICE, "opts->alibi_slopes: on " + device_str(other_device(dev)), [&] { return call(); });
 }
 
+TEST_F(ForwardRefusal, SinksChunkAndHeadScales) {
+  // The options since 0.2 (a sized struct), each refusal leaving out, lse and the cache alone.
+  ASSERT_EQ(pagedattn_attention_options_init_sized(&opts, sizeof opts), PAGEDATTN_OK);
+  opts.num_heads = H;
+  opts.num_kv_heads = HKV;
+  opts.head_size = D;
+  ASSERT_EQ(call(), PAGEDATTN_OK) << pat::last_error();
+  pagedattn_tensor s = *slopes->t();
+  static int64_t wrong[1] = {H + 1};
+  s.shape = wrong;
+  opts.sinks = &s;
+  refused("sinks shape", PAGEDATTN_ERROR_BAD_TENSOR, "opts->sinks: shape [5] != expected [4] (num_heads)", [&] { return call(); });
+  s = *slopes->t();
+  s.dtype = {PAGEDATTN_DLPACK_FLOAT, 16, 1};
+  refused("sinks dtype", PAGEDATTN_ERROR_BAD_TENSOR, "opts->sinks: dtype {code 2, bits 16, lanes 1} is not float32", [&] { return call(); });
+  s = *slopes->t();
+  s.device = other_device(dev);
+  refused("sinks device", PAGEDATTN_ERROR_WRONG_DEVICE, "opts->sinks: on " + device_str(other_device(dev)), [&] { return call(); });
+  s = *slopes->t();
+  s.data = nullptr;
+  refused("sinks data", PAGEDATTN_ERROR_NULL_POINTER, "opts->sinks->data is NULL", [&] { return call(); });
+  opts.sinks = nullptr;
+
+  opts.attention_chunk = -1;
+  refused("negative chunk", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->attention_chunk = -1 < 0", [&] { return call(); });
+  opts.attention_chunk = 4;
+  opts.attention_type = PAGEDATTN_ATTENTION_ENCODER;
+  refused("chunk with encoder", PAGEDATTN_ERROR_INVALID_ARGUMENT,
+          "opts->attention_chunk = 4 but chunked local attention applies to decoder attention only (type encoder)", [&] {
+            return pagedattn_forward(be, enc, cache, 0, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
+          });
+  opts.attention_type = PAGEDATTN_ATTENTION_DECODER;
+  opts.attention_chunk = 0;
+
+  // Per-head scales: [num_kv_heads] float32; in host memory every value finite and > 0.
+  auto hs = pat::Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, HKV);
+  for (int h = 0; h < HKV; ++h) hs->set(h, 0, 0, 0.5f);
+  hs->upload();
+  pagedattn_tensor t = *hs->t();
+  static int64_t heads[1] = {H};
+  t.shape = heads;
+  opts.k_head_scales = &t;
+  refused("k_head_scales shape", PAGEDATTN_ERROR_BAD_TENSOR, "opts->k_head_scales: shape [4] != expected [2] (num_kv_heads)", [&] { return call(); });
+  opts.k_head_scales = nullptr;
+  opts.v_head_scales = &t;
+  refused("v_head_scales shape", PAGEDATTN_ERROR_BAD_TENSOR, "opts->v_head_scales: shape [4] != expected [2] (num_kv_heads)", [&] { return call(); });
+  opts.v_head_scales = nullptr;
+  if (dev.device_type == PAGEDATTN_DEVICE_CPU) {
+    for (float bad : {0.0f, -1.0f, NAN, INFINITY}) {
+      hs->set(1, 0, 0, bad);
+      hs->upload();
+      opts.k_head_scales = hs->t();
+      refused("bad k head scale", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->k_head_scales[1] = " + g_str(bad) + " must be finite and > 0", [&] { return call(); });
+      opts.k_head_scales = nullptr;
+      opts.v_head_scales = hs->t();
+      refused("bad v head scale", PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->v_head_scales[1] = " + g_str(bad) + " must be finite and > 0", [&] { return call(); });
+      opts.v_head_scales = nullptr;
+    }
+  }
+  // A struct_size past what this library knows.
+  opts.struct_size = sizeof opts + 8;
+  refused("struct_size", PAGEDATTN_ERROR_STRUCT_SIZE, "opts->struct_size", [&] { return call(); });
+  opts.struct_size = sizeof opts;
+  ASSERT_EQ(call(), PAGEDATTN_OK) << pat::last_error();
+}
+
 TEST_F(ForwardRefusal, LayerOutOfRange) {
   for (int layer : {L, -1, 1000}) {
     refused("layer", PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = " + std::to_string(layer) + " is not in [0, 2)", [&] {

@@ -52,11 +52,36 @@ typedef struct pagedattn_attention_options {
    * (decoder only). Read during the call (GPU: when the work runs on the stream). */
   const pagedattn_tensor* alibi_slopes;
   uint32_t flags;         /* reserved, must be 0 */
+  /* Since 0.2, read only when struct_size covers them (pagedattn_attention_options_init_sized);
+   * a 0.1-sized struct (pagedattn_attention_options_init) reads as all of them off. */
+  /* Attention sinks (gpt-oss): float32 [num_heads] on the backend's device, or NULL. sinks[h] is
+   * a logit that joins the softmax of every row of head h and carries no value; the row's lse
+   * includes it (docs/semantics.md section 5.14). Any attention type. */
+  const pagedattn_tensor* sinks;
+  /* Chunked local attention (Llama 4), decoder only: C > 0 lets the token at position p see only
+   * keys at positions k <= p with k / C == p / C; 0 = off. With a sliding window both apply. */
+  int32_t attention_chunk;
+  /* Per-KV-head fp8 scales: float32 [num_kv_heads] on the backend's device, or NULL (then
+   * k_scale / v_scale). On an fp8 cache, head h loads float(fp8) * scales[h] and a write with
+   * write_kv stores fp8(x / scales[h]); other caches ignore them. */
+  const pagedattn_tensor* k_head_scales;
+  const pagedattn_tensor* v_head_scales;
 } pagedattn_attention_options;
 
-/* Fills *opts with defaults: zero shape, scale 0 (= 1/sqrt(D)), no soft cap, no window, decoder,
- * write_kv 1, k/v scales 1, no ALiBi; sets struct_size. Returns PAGEDATTN_ERROR_NULL_POINTER. */
+/* Fills the 0.1 fields of *opts with defaults: zero shape, scale 0 (= 1/sqrt(D)), no soft cap, no
+ * window, decoder, write_kv 1, k/v scales 1, no ALiBi; sets struct_size to the 0.1 size, so a
+ * binary or an FFI mirror of the 0.1 struct is never written past its end. The fields added since
+ * then are neither written nor read: to use them, initialise with
+ * pagedattn_attention_options_init_sized(opts, sizeof *opts). Returns
+ * PAGEDATTN_ERROR_NULL_POINTER. */
 PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(pagedattn_attention_options* opts);
+
+/* Since 0.2: fills the first `size` bytes of *opts with the defaults above (the later fields: no
+ * sinks, no attention chunk, no per-head scales) and sets struct_size = size (pass
+ * sizeof(pagedattn_attention_options) as compiled). Returns PAGEDATTN_ERROR_NULL_POINTER,
+ * PAGEDATTN_ERROR_STRUCT_SIZE (a size this library does not know). */
+PAGEDATTN_API pagedattn_status pagedattn_attention_options_init_sized(
+    pagedattn_attention_options* opts, uint32_t size);
 
 /* Runs one layer of attention for a planned batch.
  *
@@ -81,20 +106,23 @@ PAGEDATTN_API pagedattn_status pagedattn_attention_options_init(pagedattn_attent
  * ENCODER_ONLY, k/v when needed, a tensor's data with elements), PAGEDATTN_ERROR_STRUCT_SIZE,
  * PAGEDATTN_ERROR_INVALID_ARGUMENT (unknown attention_type, H % Hkv != 0, non-positive shape,
  * head_size != the cache's, num_kv_heads != the cache's, negative window or cap, a scale that is
- * negative or not finite, k/v scales not finite and > 0, write_kv not 0 or 1, flags != 0, ALiBi or
- * a window with a non-decoder type, ENCODER types with context_len > 0, write_kv with
+ * negative or not finite, k/v scales not finite and > 0, write_kv not 0 or 1, flags != 0, ALiBi,
+ * a window or an attention chunk with a non-decoder type, a negative attention_chunk, a per-head
+ * scale in host memory that is not finite and > 0, ENCODER types with context_len > 0, write_kv with
  * ENCODER_ONLY, CROSS with a batch planned without encoder_lens, a batch planned without the
  * cache, a cache whose block size or count differs from the one planned, write_kv with a batch
  * in which two tokens, or two encoder rows, write one slot: block tables that share a block both
  * write into, or a repeated slot_mapping entry),
  * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, stride, fewer rows than the batch needs;
- * ALiBi slopes not float32 [H]),
+ * ALiBi slopes or sinks not float32 [H], per-head scales not float32 [Hkv]),
  * PAGEDATTN_ERROR_WRONG_DEVICE (a tensor off the backend's device, a host cache),
  * PAGEDATTN_ERROR_OUT_OF_RANGE (layer), PAGEDATTN_ERROR_OVERFLOW (a tensor whose strides or
  * byte_offset make element or byte offsets overflow int64), PAGEDATTN_ERROR_UNSUPPORTED (a
  * feature, head size, layout or dtype combination the backend lacks),
  * PAGEDATTN_ERROR_INVALID_HANDLE (handles from different backends or destroyed),
- * PAGEDATTN_ERROR_DEVICE. On error nothing is written (neither out, lse nor the cache). */
+ * PAGEDATTN_ERROR_DEVICE. On error nothing is written (neither out, lse nor the cache).
+ * Per-head scales in GPU memory are not read by the host: a value there that is not finite and
+ * > 0 makes the rows reading that KV head NaN, and a write stores NaN for that head. */
 PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
                                                 const pagedattn_batch* batch,
                                                 pagedattn_kv_cache* cache, int32_t layer,

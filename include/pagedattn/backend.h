@@ -36,6 +36,10 @@ typedef struct pagedattn_backend pagedattn_backend;
 #define PAGEDATTN_FEATURE_HOST_SWAP (1u << 9)     /* swap between device and host caches */
 #define PAGEDATTN_FEATURE_GRAPH_CAPTURE (1u << 10) /* forward is capturable in a CUDA/HIP graph */
 #define PAGEDATTN_FEATURE_WRAP_CACHE (1u << 11)   /* caches over caller memory */
+/* Since 0.2: */
+#define PAGEDATTN_FEATURE_SINKS (1u << 12)        /* attention sinks (options.sinks) */
+#define PAGEDATTN_FEATURE_CHUNKED_LOCAL (1u << 13) /* options.attention_chunk */
+#define PAGEDATTN_FEATURE_HEAD_SCALES (1u << 14)  /* per-KV-head fp8 scales (options, writes) */
 
 /* What a backend can do, so a caller can decide before calling. */
 typedef struct pagedattn_capabilities {

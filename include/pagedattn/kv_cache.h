@@ -156,6 +156,21 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cach
                                                        float k_scale, float v_scale,
                                                        void* stream);
 
+/* Since 0.2: pagedattn_kv_cache_write with per-KV-head scales (fp8 checkpoints quantised per
+ * head): on an fp8 cache, head h of key[t] is stored as fp8(key[t][h] / k_head_scales[h]), and
+ * likewise for value; other caches ignore the scales. k_head_scales and v_head_scales are float32
+ * [num_kv_heads] tensors on the cache's device, or NULL for scale 1. Read during the call (GPU:
+ * when the write runs on the stream). Everything else, the statuses included, is as
+ * pagedattn_kv_cache_write, plus PAGEDATTN_ERROR_BAD_TENSOR (a scales tensor not float32
+ * [num_kv_heads] with unit stride), PAGEDATTN_ERROR_INVALID_ARGUMENT (a scale in host memory that
+ * is not finite and > 0) and PAGEDATTN_ERROR_UNSUPPORTED (a backend without
+ * PAGEDATTN_FEATURE_HEAD_SCALES). Scales in GPU memory are not read by the host: a value there
+ * that is not finite and > 0 stores NaN for that head. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write_scaled(
+    pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tensor* key,
+    const pagedattn_tensor* value, const pagedattn_tensor* slot_mapping,
+    const pagedattn_tensor* k_head_scales, const pagedattn_tensor* v_head_scales, void* stream);
+
 /* Copies whole blocks, K and V of every layer, within one cache: for i < num_pairs, block
  * pairs[2i] -> block pairs[2i+1] (copy-on-write for beam search and parallel sampling). `pairs`
  * is host memory. Every id must be in [0, num_blocks); a destination may appear once and may not

@@ -19,6 +19,7 @@
 
 #include "convert.h"
 #include "kernels.h"
+#include "variant.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention.cpp"
@@ -87,20 +88,18 @@ void attention_merge_parts(uint32_t /*target_index*/, const AttnItem& it, int n,
         w[p] = mp == kNegInf || poisoned ? 0.0f : expf(mp - mx);
         total += w[p] * l[p * ml_stride + r];
       }
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      const float inv = poisoned ? nan : total > 0.0f ? 1.0f / total : 0.0f;
+      const RowNorm nr =
+          row_norm(mx, total, it.sinks != nullptr ? it.sinks + it.h0 + g : nullptr);
       char* op = item_out(it, t, g);
       for (int i = 0; i < D; ++i) {
         float x = 0.0f;
         for (int p = 0; p < n; ++p) {
           if (w[p] != 0.0f) x += w[p] * acc[p * part_stride + static_cast<int64_t>(r) * D + i];
         }
-        store_elem(op, i, it.dtype, x * inv, 1.0f);
+        store_elem(op, i, it.dtype, x * nr.inv, 1.0f);
       }
-      if (it.lse != nullptr) {
-        it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
-            poisoned ? nan : total > 0.0f ? mx + logf(total) : kNegInf;
-      }
+      if (it.lse != nullptr)
+        it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] = nr.lse;
     }
   }
 }

@@ -550,7 +550,6 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
 // partial state for a later merge. Accumulator rows have stride Dp, natural dim order.
 HWY_INLINE void write_rows(const AttnItem& it, const float* acc, const float* m, const float* l_,
                            int Dp) {
-  const float kNegInf = -std::numeric_limits<float>::infinity();
   const int D = it.head_size;
   const int nh = it.h1 - it.h0;
   const int ntok = it.tok1 - it.tok0;
@@ -564,16 +563,10 @@ HWY_INLINE void write_rows(const AttnItem& it, const float* acc, const float* m,
         it.part_l[r] = l_[r];
         continue;
       }
-      const float l = l_[r];
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      const bool poisoned = max_poisoned(m[r]);
-      const float inv = poisoned ? nan : l > 0.0f ? 1.0f / l : 0.0f;
-      char* op = item_out(it, t, g);
-      store_row(op, it.dtype, a, inv, D);
-      if (it.lse != nullptr) {
-        it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
-            poisoned ? nan : l > 0.0f ? m[r] + logf(l) : kNegInf;
-      }
+      const RowNorm nr = row_norm(m[r], l_[r], item_sink(it, g));
+      store_row(item_out(it, t, g), it.dtype, a, nr.inv, D);
+      if (it.lse != nullptr)
+        it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] = nr.lse;
     }
   }
 }

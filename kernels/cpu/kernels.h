@@ -117,14 +117,17 @@ struct AttnItem {
   int32_t kv_heads;           /* KV heads kv_head.. covered (h0..h1 spans all their query heads);
                                  > 1 only for decode items multi_head_decode_ok accepts, 0 = 1 */
   int32_t head_size;
-  /* Masking. pos(token j) = pos_offset + j; causal: keys <= pos; window W > 0: pos - key < W. */
+  /* Masking. pos(token j) = pos_offset + j; causal: keys <= pos; window W > 0: pos - key < W;
+   * chunk C > 0: key / C == pos / C (variant.h). */
   int32_t causal;
   int32_t pos_offset;
   int32_t window;
+  int32_t chunk;
   int64_t num_keys;           /* keys of the sequence */
   int64_t key0, key1;         /* key range of this item (split-KV) */
   float scale, soft_cap;
   const float* alibi;         /* [num_heads] or NULL */
+  const float* sinks;         /* [num_heads] or NULL */
   KVSource kv;
   /* Partial output for split-KV: [rows][head_size] unnormalised accumulators, then m, l. */
   float* part_acc;

@@ -24,7 +24,9 @@ Shape shape_of(const Target& target, const pa_forward_args& a) {
   const bool nhd = a.cache != nullptr && a.cache->head_stride == a.head_size &&
                    a.cache->slot_stride == static_cast<int64_t>(a.num_kv_heads) * a.head_size;
   const bool all_heads_fit = static_cast<int64_t>(a.num_kv_heads) * s.group <= kMaxRows;
+  // Per-head scales differ between the heads one such item would cover.
   if (a.num_kv_heads > 1 && a.cache != nullptr && s.group <= kMaxRows &&
+      a.k_head_scales == nullptr && a.v_head_scales == nullptr &&
       (a.attention_type == PAGEDATTN_ATTENTION_DECODER ||
        a.attention_type == PAGEDATTN_ATTENTION_CROSS) &&
       (nhd || all_heads_fit)) {
@@ -78,10 +80,12 @@ void seq_item(const pa_forward_args& a, int32_t i, AttnItem* it) {
   it->lse_head_stride = a.lse.head_stride;
   it->head_size = a.head_size;
   it->window = a.sliding_window;
+  it->chunk = a.attention_chunk;
   it->num_keys = keys_of(a, i);
   it->scale = a.scale;
   it->soft_cap = a.soft_cap;
   it->alibi = a.alibi_slopes;
+  it->sinks = a.sinks;
   it->part_acc = it->part_m = it->part_l = nullptr;
   KVSource& s = it->kv;
   s.k_scale = s.v_scale = 1.0f;
@@ -155,6 +159,8 @@ void place_item(const pa_forward_args& a, const Shape& sh, int32_t i, int64_t lo
   it->kv_head = kvh;
   it->h0 = kvh * sh.group + hc * sh.heads_per_item;
   it->h1 = std::min(it->h0 + sh.heads_per_item, (kvh + 1) * sh.group);
+  if (a.k_head_scales != nullptr) it->kv.k_scale = a.k_head_scales[kvh];
+  if (a.v_head_scales != nullptr) it->kv.v_scale = a.v_head_scales[kvh];
 }
 
 int32_t seq_of(const int64_t* prefix, int32_t n, int64_t item) {

@@ -32,10 +32,15 @@ HWY_INLINE int64_t item_pos(const AttnItem& it, int t) {
 
 // First and last (inclusive) key token t of the item may see (variant.h).
 HWY_INLINE int64_t item_row_lo(const AttnItem& it, int t) {
-  return visible_lo(it.causal != 0, it.window, item_pos(it, t));
+  return visible_lo(it.causal != 0, it.window, it.chunk, item_pos(it, t));
 }
 HWY_INLINE int64_t item_row_hi(const AttnItem& it, int t) {
   return visible_hi(it.causal != 0, item_pos(it, t), it.num_keys);
+}
+
+// The sink logit of the item's query head h0 + g, or NULL without sinks (row_norm).
+HWY_INLINE const float* item_sink(const AttnItem& it, int g) {
+  return it.sinks != nullptr ? it.sinks + it.h0 + g : nullptr;
 }
 
 // Lanes whose rows see key kp: lo <= kp <= hi, per lane.

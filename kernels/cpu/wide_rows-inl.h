@@ -291,16 +291,10 @@ void AttentionItemWide(const AttnItem& it, Scratch* sc) {
       it.part_l[r] = sc->l[r];
       continue;
     }
-    const float l = sc->l[r];
-    const float nan = std::numeric_limits<float>::quiet_NaN();
-    const bool poisoned = max_poisoned(sc->m[r]);
-    const float inv = poisoned ? nan : l > 0.0f ? 1.0f / l : 0.0f;
-    char* op = item_out(it, t, g);
-    store_row(op, it.dtype, row, inv, D);
-    if (it.lse != nullptr) {
-      it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] =
-          poisoned ? nan : l > 0.0f ? sc->m[r] + logf(l) : kNegInf;
-    }
+    const RowNorm nr = row_norm(sc->m[r], sc->l[r], item_sink(it, g));
+    store_row(item_out(it, t, g), it.dtype, row, nr.inv, D);
+    if (it.lse != nullptr)
+      it.lse[(it.q_row0 + t) * it.lse_row_stride + (it.h0 + g) * it.lse_head_stride] = nr.lse;
   }
 }
 #endif  // HWY_TARGET == PA_CPU_UNIT

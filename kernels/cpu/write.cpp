@@ -24,9 +24,9 @@ void cache_write_rows(uint32_t target_index, const pa_write_args& a, int64_t r0,
       const char* v = static_cast<const char*>(a.v.data) +
                       (r * a.v.row_stride + h * a.v.head_stride) * vsz;
       store_cache_row(target_index, kbase + dst * esz, c.dtype, k, a.k.dtype, c.head_size,
-                      a.k_scale);
+                      a.k_head_scales != nullptr ? a.k_head_scales[h] : a.k_scale);
       store_cache_row(target_index, vbase + dst * esz, c.dtype, v, a.v.dtype, c.head_size,
-                      a.v_scale);
+                      a.v_head_scales != nullptr ? a.v_head_scales[h] : a.v_scale);
     }
   }
 }

@@ -209,7 +209,7 @@ void tile_item(Backend* be, Worker& w, const TileItem& it, bool bf16) {
   const int nh = it.h1 - it.h0, ntok = it.tok1 - it.tok0, rows = nh * ntok;
   const int M = pow2_at_least(rows, kMinTile, kMaxM);
   const int64_t pos0 = static_cast<int64_t>(it.pos_offset) + it.tok0;
-  const int64_t kbeg = pa_cpu::visible_lo(it.causal, it.window, pos0);
+  const int64_t kbeg = pa_cpu::visible_lo(it.causal, it.window, it.chunk, pos0);
   const int64_t kend = pa_cpu::visible_hi(it.causal, pos0 + ntok - 1, it.num_keys) + 1;
   const int TK = pow2_at_least(kend - kbeg, kMinTile, kTK);
   TileMems& tm = mems_for(be, w, M, TK, D, bf16);
@@ -254,6 +254,7 @@ void tile_item(Backend* be, Worker& w, const TileItem& it, bool bf16) {
   sa.pos0 = pos0;
   sa.causal = it.causal;
   sa.window = it.window;
+  sa.chunk = it.chunk;
   sa.scale = it.scale;
   sa.soft_cap = it.soft_cap;
   sa.alibi = it.alibi != nullptr ? it.alibi + it.h0 : nullptr;
@@ -280,7 +281,8 @@ void tile_item(Backend* be, Worker& w, const TileItem& it, bool bf16) {
                                    {DNNL_ARG_SCRATCHPAD, tm.pv_pad}});
   }
   finish_rows(be->target.index, w.acc, D, w.m, w.l, ntok, nh, D, it.out, it.dtype,
-              it.out_row_stride, it.out_head_stride, it.q_row0, it.h0, it.lse, it.lse_row_stride,
+              it.out_row_stride, it.out_head_stride, it.q_row0, it.h0,
+              it.sinks != nullptr ? it.sinks + it.h0 : nullptr, it.lse, it.lse_row_stride,
               it.lse_head_stride);
 }
 

@@ -10,7 +10,7 @@ namespace pa_onednn {
 
 /* Online-softmax step for one query tile x key tile, in place of the score matrix.
  * S: [rows_pad][ldS] raw scores q.k (float32). For each real row r = t * nh + g (t < ntok) the
- * visible keys of the tile are the contiguous range allowed by the causal/window rule; the row's
+ * visible keys of the tile are the contiguous range allowed by the causal/window/chunk rule; the row's
  * probabilities p = exp(scale*s' - m_new) (s' after soft cap/ALiBi) go to P (bf16 bits when
  * p_bf16, else float32; zeros outside the range, row length ldP), l and m are updated and the
  * row of acc ([rows][D] float32, row stride ldA) is rescaled by exp(m_old - m_new).
@@ -32,17 +32,19 @@ struct SoftmaxTileArgs {
   int64_t pos0;    /* absolute position of token 0 of the item */
   int causal;
   int window;
+  int chunk;
   float scale, soft_cap;
   const float* alibi; /* slopes of the item's heads (index g), or NULL */
 };
 
 bool softmax_tile(uint32_t target_index, const SoftmaxTileArgs& a);
 
-/* Final normalisation of rows [0, ntok*nh): out = acc / l in the output dtype; lse if asked. */
+/* Final normalisation of rows [0, ntok*nh) (pa_cpu::row_norm, with the sinks of the item's
+ * heads, index g, or NULL): out = acc / l in the output dtype; lse if asked. */
 void finish_rows(uint32_t target_index, const float* acc, int ldA, const float* m, const float* l,
                  int ntok, int nh, int D, void* out, pagedattn_dtype dt, int64_t out_row_stride,
-                 int64_t out_head_stride, int64_t row0, int h0, float* lse, int64_t lse_row_stride,
-                 int64_t lse_head_stride);
+                 int64_t out_head_stride, int64_t row0, int h0, const float* sinks, float* lse,
+                 int64_t lse_row_stride, int64_t lse_head_stride);
 
 }  // namespace pa_onednn
 

@@ -111,9 +111,11 @@ void tile_item_at(const pa_forward_args& a, int min_query, const int64_t* prefix
   it.soft_cap = a.soft_cap;
   it.alibi = a.alibi_slopes;
   it.window = a.sliding_window;
+  it.chunk = a.attention_chunk;
+  it.sinks = a.sinks;
   KeySource& kv = it.kv;
-  kv.k_scale = fp8 ? a.k_scale : 1.0f;
-  kv.v_scale = fp8 ? a.v_scale : 1.0f;
+  kv.k_scale = !fp8 ? 1.0f : a.k_head_scales != nullptr ? a.k_head_scales[kvh] : a.k_scale;
+  kv.v_scale = !fp8 ? 1.0f : a.v_head_scales != nullptr ? a.v_head_scales[kvh] : a.v_scale;
   if (encoder) {
     it.causal = 0;
     it.num_keys = ql;

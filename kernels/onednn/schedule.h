@@ -52,13 +52,16 @@ struct TileItem {
   int32_t h0, h1;
   int32_t kv_head;
   int32_t head_size;
-  /* pos(token j) = pos_offset + j; causal: keys <= pos; window W > 0: pos - key < W. */
+  /* pos(token j) = pos_offset + j; causal: keys <= pos; window W > 0: pos - key < W; chunk
+   * C > 0: key / C == pos / C (kernels/cpu/variant.h). */
   int32_t causal;
   int32_t pos_offset;
   int32_t window;
+  int32_t chunk;
   int64_t num_keys;       /* keys of the sequence */
   float scale, soft_cap;
   const float* alibi;     /* [num_heads] or NULL */
+  const float* sinks;     /* [num_heads] or NULL */
   KeySource kv;
 };
 

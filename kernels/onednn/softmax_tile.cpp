@@ -45,7 +45,7 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
   for (int t = 0; t < a.ntok; ++t) {
     const int64_t pos = a.pos0 + t;
     // Visible keys of this token: [lo, hi] absolute, contiguous; clipped to the tile's [0, nk).
-    const int64_t lo = pa_cpu::visible_lo(a.causal, a.window, pos);
+    const int64_t lo = pa_cpu::visible_lo(a.causal, a.window, a.chunk, pos);
     const int64_t hi = pa_cpu::visible_hi(a.causal, pos, a.kt0 + a.nk);
     const int kb = static_cast<int>(std::max<int64_t>(0, lo - a.kt0));
     const int ke = static_cast<int>(std::max<int64_t>(kb, std::min<int64_t>(a.nk, hi - a.kt0 + 1)));
@@ -151,18 +151,17 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
 
 void FinishRows(const float* acc, int ldA, const float* m, const float* l, int ntok, int nh, int D,
                 void* out, pagedattn_dtype dt, int64_t out_row_stride, int64_t out_head_stride,
-                int64_t row0, int h0, float* lse, int64_t lse_row_stride, int64_t lse_head_stride) {
+                int64_t row0, int h0, const float* sinks, float* lse, int64_t lse_row_stride,
+                int64_t lse_head_stride) {
   const DF d;
   const int N = static_cast<int>(hn::Lanes(d));
-  const float kNegInf = -std::numeric_limits<float>::infinity();
   const int64_t esz = static_cast<int64_t>(pa_cpu::elem_size(dt));
   for (int t = 0; t < ntok; ++t) {
     for (int g = 0; g < nh; ++g) {
       const int r = t * nh + g;
       const float* x = acc + static_cast<size_t>(r) * ldA;
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      const bool poisoned = pa_runtime::max_poisoned(m[r]);
-      const float inv = poisoned ? nan : l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+      const pa_cpu::RowNorm nr = pa_cpu::row_norm(m[r], l[r], sinks ? sinks + g : nullptr);
+      const float inv = nr.inv;
       char* op = static_cast<char*>(out) +
                  ((row0 + t) * out_row_stride + (h0 + g) * out_head_stride) * esz;
       int i = 0;
@@ -173,8 +172,7 @@ void FinishRows(const float* acc, int ldA, const float* m, const float* l, int n
       }
       for (; i < D; ++i) pa_cpu::store_elem(op, i, dt, x[i] * inv, 1.0f);
       if (lse != nullptr)
-        lse[(row0 + t) * lse_row_stride + (h0 + g) * lse_head_stride] =
-            poisoned ? nan : l[r] > 0.0f ? m[r] + logf(l[r]) : kNegInf;
+        lse[(row0 + t) * lse_row_stride + (h0 + g) * lse_head_stride] = nr.lse;
     }
   }
 }
@@ -195,11 +193,11 @@ bool softmax_tile(uint32_t target_index, const SoftmaxTileArgs& a) {
 
 void finish_rows(uint32_t target_index, const float* acc, int ldA, const float* m, const float* l,
                  int ntok, int nh, int D, void* out, pagedattn_dtype dt, int64_t out_row_stride,
-                 int64_t out_head_stride, int64_t row0, int h0, float* lse, int64_t lse_row_stride,
-                 int64_t lse_head_stride) {
+                 int64_t out_head_stride, int64_t row0, int h0, const float* sinks, float* lse,
+                 int64_t lse_row_stride, int64_t lse_head_stride) {
   HWY_DISPATCH_TABLE(FinishRows)[target_index](acc, ldA, m, l, ntok, nh, D, out, dt,
-                                                out_row_stride, out_head_stride, row0, h0, lse,
-                                                lse_row_stride, lse_head_stride);
+                                                out_row_stride, out_head_stride, row0, h0, sinks,
+                                                lse, lse_row_stride, lse_head_stride);
 }
 
 }  // namespace pa_onednn

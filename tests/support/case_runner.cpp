@@ -24,6 +24,10 @@ std::string AttnCase::describe() const {
   if (soft_cap != 0) o << " cap=" << soft_cap;
   if (window) o << " window=" << window;
   if (alibi) o << " alibi";
+  if (sinks) o << " sinks";
+  if (chunk) o << " chunk=" << chunk;
+  if (head_scales) o << " head_scales";
+  if (!sized_opts) o << " opts0.1";
   if (!write_kv) o << " write_kv=0";
   if (is_fp8(cache_dtype)) o << " kscale=" << k_scale << " vscale=" << v_scale;
   if (lse) o << " lse";
@@ -159,11 +163,33 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
   const bool cross = c.type == PAGEDATTN_ATTENTION_CROSS;
   const bool decoder = c.type == PAGEDATTN_ATTENTION_DECODER;
   const bool has_cache = !enc_only;
-  const float ks = is_fp8(cdt) ? c.k_scale : 1.0f;
-  const float vs = is_fp8(cdt) ? c.v_scale : 1.0f;
   const int nseq = static_cast<int>(c.seqs.size());
   const int bs = c.block_size;
   const int H = c.H, Hkv = c.Hkv, D = c.D;
+  // Sinks and per-head scales come from a stream of their own, so adding them to a case leaves
+  // the rest of its draws as they were.
+  std::mt19937_64 frng(seed ^ 0x51ced5ca1e5ull);
+  std::vector<float> sink_vals(H), khs(Hkv), vhs(Hkv);
+  for (int h = 0; h < H; ++h) {
+    const int r = static_cast<int>(frng() % 8);
+    sink_vals[h] = r == 0 ? -INFINITY : r == 1 ? 12.0f : -2.0f + 0.75f * static_cast<float>(r);
+  }
+  const float kScales[] = {1.0f, 0.5f, 2.0f, 0.125f, 4.0f, 0.3f};
+  for (int h = 0; h < Hkv; ++h) {
+    khs[h] = kScales[frng() % 6];
+    vhs[h] = kScales[frng() % 6];
+  }
+  // The scale of KV head h as stored and loaded: per head, the scalar, or 1 (not fp8).
+  auto ks_of = [&](int h) { return !is_fp8(cdt) ? 1.0f : c.head_scales ? khs[h] : c.k_scale; };
+  auto vs_of = [&](int h) { return !is_fp8(cdt) ? 1.0f : c.head_scales ? vhs[h] : c.v_scale; };
+  auto khs_t = Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, Hkv);
+  auto vhs_t = Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, Hkv);
+  for (int h = 0; h < Hkv; ++h) {
+    khs_t->set(h, 0, 0, khs[h]);
+    vhs_t->set(h, 0, 0, vhs[h]);
+  }
+  khs_t->upload();
+  vhs_t->upload();
   const size_t es_m = dtype_bytes(c.dtype);
 
   // Block tables over shuffled ids; unused entries point at blocks outside the batch.
@@ -404,8 +430,11 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
       st_slots.strides = nullptr;
       kw.upload();
       vw.upload();
-      st = pagedattn_kv_cache_write(cache, c.layer, kw.t(), vw.t(), &st_slots, c.k_scale,
-                                    c.v_scale, nullptr);
+      st = c.head_scales
+               ? pagedattn_kv_cache_write_scaled(cache, c.layer, kw.t(), vw.t(), &st_slots,
+                                                 khs_t->t(), vhs_t->t(), nullptr)
+               : pagedattn_kv_cache_write(cache, c.layer, kw.t(), vw.t(), &st_slots, c.k_scale,
+                                          c.v_scale, nullptr);
       if (st != PAGEDATTN_OK) {
         return ::testing::AssertionFailure() << "kv_cache_write (caller's pre-write): "
                                              << pagedattn_status_string(st) << ": "
@@ -416,8 +445,8 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
         written[pre_slots[r]] = 1;
         for (int h = 0; h < Hkv; ++h)
           for (int d = 0; d < D; ++d) {
-            img.set(b, c.layer, 0, so, h, d, pre_k[(r * Hkv + h) * D + d] / ks);
-            img.set(b, c.layer, 1, so, h, d, pre_v[(r * Hkv + h) * D + d] / vs);
+            img.set(b, c.layer, 0, so, h, d, pre_k[(r * Hkv + h) * D + d] / ks_of(h));
+            img.set(b, c.layer, 1, so, h, d, pre_v[(r * Hkv + h) * D + d] / vs_of(h));
           }
       }
       Image got = img;
@@ -609,8 +638,14 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
   for (int h = 0; h < H; ++h) alibi->set(h, 0, 0, slopes[h]);
   alibi->upload();
 
+  auto sinks_t = Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, H);
+  for (int h = 0; h < H; ++h) sinks_t->set(h, 0, 0, sink_vals[h]);
+  sinks_t->upload();
   pagedattn_attention_options opts;
-  pagedattn_attention_options_init(&opts);
+  if (c.sized_opts)
+    pagedattn_attention_options_init_sized(&opts, sizeof opts);
+  else
+    pagedattn_attention_options_init(&opts);
   opts.num_heads = H;
   opts.num_kv_heads = Hkv;
   opts.head_size = D;
@@ -622,6 +657,11 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
   opts.k_scale = c.k_scale;
   opts.v_scale = c.v_scale;
   opts.alibi_slopes = c.alibi ? alibi->t() : nullptr;
+  // Set whatever the struct_size: a 0.1-sized struct's later fields must not be read.
+  opts.sinks = c.sinks ? sinks_t->t() : nullptr;
+  opts.attention_chunk = c.chunk;
+  opts.k_head_scales = c.head_scales ? khs_t->t() : nullptr;
+  opts.v_head_scales = c.head_scales ? vhs_t->t() : nullptr;
   st = pagedattn_forward(be, guard.b, has_cache ? cache : nullptr, c.layer, &opts, q.t(),
                          need_kv ? k.t() : nullptr, need_kv ? v.t() : nullptr, out.t(),
                          c.lse ? lse->t() : nullptr, nullptr);
@@ -671,8 +711,8 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
           written[slot] = 1;
           for (int h = 0; h < Hkv; ++h)
             for (int d = 0; d < D; ++d) {
-              want.set(b, c.layer, 0, so, h, d, kf[(r * Hkv + h) * D + d] / ks);
-              want.set(b, c.layer, 1, so, h, d, vf[(r * Hkv + h) * D + d] / vs);
+              want.set(b, c.layer, 0, so, h, d, kf[(r * Hkv + h) * D + d] / ks_of(h));
+              want.set(b, c.layer, 1, so, h, d, vf[(r * Hkv + h) * D + d] / vs_of(h));
             }
         }
     }
@@ -724,6 +764,8 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
   rp.soft_cap = c.soft_cap;
   rp.window = decoder ? c.window : 0;
   rp.alibi = (decoder && c.alibi) ? slopes.data() : nullptr;
+  rp.sinks = (c.sinks && c.sized_opts) ? sink_vals.data() : nullptr;
+  rp.chunk = (decoder && c.sized_opts) ? c.chunk : 0;
   rp.causal = decoder;
   std::vector<double> ref_out(static_cast<size_t>(T) * H * D), ref_lse(static_cast<size_t>(T) * H);
   for (int i = 0; i < nseq; ++i) {
@@ -740,8 +782,8 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
         const int b = static_cast<int>(slot / bs), so = static_cast<int>(slot % bs);
         for (int h = 0; h < Hkv; ++h)
           for (int d = 0; d < D; ++d) {
-            kk[(p * Hkv + h) * D + d] = img.get(b, c.layer, 0, so, h, d) * ks;
-            vv[(p * Hkv + h) * D + d] = img.get(b, c.layer, 1, so, h, d) * vs;
+            kk[(p * Hkv + h) * D + d] = img.get(b, c.layer, 0, so, h, d) * ks_of(h);
+            vv[(p * Hkv + h) * D + d] = img.get(b, c.layer, 1, so, h, d) * vs_of(h);
           }
       }
     } else {

@@ -156,6 +156,8 @@ struct RefParams {
   double soft_cap = 0;  /* 0 off */
   int64_t window = 0;   /* 0 off */
   const float* alibi = nullptr; /* [H] or NULL */
+  const float* sinks = nullptr; /* [H] or NULL: a logit per head in every row's softmax */
+  int64_t chunk = 0;    /* attention chunk C > 0: keys with key / C == pos / C only */
   bool causal = true;
 };
 /* Float64 attention of nq queries (q: [nq][H][D], absolute positions qpos) over nk keys at
@@ -209,6 +211,11 @@ struct AttnCase {
   pagedattn_attention_type type = PAGEDATTN_ATTENTION_DECODER;
   bool write_kv = true;
   float k_scale = 1, v_scale = 1;
+  bool sinks = false;        /* random sinks per query head (some -inf, some large) */
+  int32_t chunk = 0;         /* attention_chunk */
+  bool head_scales = false;  /* random per-KV-head k/v scales (fp8 caches use them), passed to
+                                the forward and the caller's writes; the scalars then differ */
+  bool sized_opts = true;    /* init the options with _init_sized (false: the 0.1 init) */
   bool lse = false;
   bool strided_io = false;   /* non-compact q/k/v/out/lse with byte offsets */
   bool wrap_cache = false;   /* cache over test memory with padded strides */

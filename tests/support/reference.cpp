@@ -24,7 +24,8 @@ void ref_attend(const RefParams& p, int64_t nq, const float* q, const int64_t* q
       for (int64_t j = 0; j < nk; ++j) {
         bool visible = true;
         if (p.causal) {
-          visible = j <= qpos[i] && (p.window <= 0 || qpos[i] - j < p.window);
+          visible = j <= qpos[i] && (p.window <= 0 || qpos[i] - j < p.window) &&
+                    (p.chunk <= 0 || j / p.chunk == qpos[i] / p.chunk);
         }
         if (!visible) {
           s[j] = -INFINITY;
@@ -41,6 +42,9 @@ void ref_attend(const RefParams& p, int64_t nq, const float* q, const int64_t* q
         // its every weight, output and log-sum-exp.
         if (std::isnan(sc) || sc > m) m = std::isnan(m) ? m : sc;
       }
+      // The sink joins the softmax as one more logit without a value.
+      const double sink = p.sinks ? static_cast<double>(p.sinks[h]) : -INFINITY;
+      if (std::isnan(sink) || sink > m) m = std::isnan(m) ? m : sink;
       double* o = out + (i * p.H + h) * p.D;
       if (m == -INFINITY) {
         std::fill(o, o + p.D, 0.0);
@@ -48,7 +52,7 @@ void ref_attend(const RefParams& p, int64_t nq, const float* q, const int64_t* q
         continue;
       }
       std::fill(acc.begin(), acc.end(), 0.0);
-      double sum = 0;
+      double sum = sink == -INFINITY ? 0.0 : std::exp(sink - m);
       for (int64_t j = 0; j < nk; ++j) {
         if (s[j] == -INFINITY) continue;
         const double w = std::exp(s[j] - m);
