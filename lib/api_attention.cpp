@@ -171,6 +171,22 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
                "opts->write_kv = 1 with encoder-only attention (it has no cache)");
     const pa_batch& pb = h->pb;
+    /* A batch planned for tree masks (this step's or an update's, which a captured graph would
+     * replay) takes plain decoder attention only: the tokens of a tree have no positions that
+     * ALiBi, a window or a chunk could use. */
+    const bool tree = h->plan.any_tree || h->caps.tree_mask_bytes > 0;
+    if (tree) {
+      const char* what = !decoder ? pa::type_name(type)
+                         : o.alibi_slopes ? "ALiBi"
+                         : o.sliding_window > 0 ? "a sliding window"
+                         : o.attention_chunk > 0 ? "an attention chunk"
+                                                 : nullptr;
+      if (what)
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                 "the batch is planned with tree masks (speculative decoding), which take plain "
+                 "decoder attention: %s%s is not supported with them",
+                 what, !decoder ? " attention" : "");
+    }
     if (encoder_like && !pb.all_context_zero)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
                "%s attention needs every context_len == 0 in the batch", pa::type_name(type));
@@ -301,6 +317,7 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     if (o.sliding_window > 0)
       pa::need_feature(b, PAGEDATTN_FEATURE_SLIDING_WINDOW, "sliding window");
     if (o.sinks) pa::need_feature(b, PAGEDATTN_FEATURE_SINKS, "attention sinks");
+    if (tree) pa::need_feature(b, PAGEDATTN_FEATURE_TREE_MASK, "tree masks");
     if (o.attention_chunk > 0)
       pa::need_feature(b, PAGEDATTN_FEATURE_CHUNKED_LOCAL, "chunked local attention");
     if (o.k_head_scales || o.v_head_scales)

@@ -207,6 +207,7 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_get_info(pagedattn_batch_info* ou
     info.workspace_bytes = h->pb.backend_bytes;
     info.max_num_encoder_tokens = h->caps.num_encoder_tokens;
     info.max_seq_len_capacity = h->caps.seq_len;
+    info.max_tree_mask_bytes = h->caps.tree_mask_bytes;
     pa::write_struct(out, info);
   });
 }

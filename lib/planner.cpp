@@ -95,6 +95,10 @@ uint64_t plan_host_bytes(const PlanCaps& caps, const Geometry& self, const Geome
     ovf = ovf || __builtin_mul_overflow(static_cast<uint64_t>(caps.num_encoder_tokens), 8ull, &t) ||
           __builtin_add_overflow(total, t, &total);
   }
+  /* tree masks and their indptr */
+  if (caps.tree_mask_bytes > 0)
+    ovf = ovf || __builtin_add_overflow(total, static_cast<uint64_t>(caps.tree_mask_bytes), &total) ||
+          __builtin_mul_overflow(seqs + 1, 8ull, &t) || __builtin_add_overflow(total, t, &total);
   return ovf ? UINT64_MAX : total;
 }
 
@@ -162,6 +166,53 @@ void read_lens_form(const pagedattn_batch_desc& d, std::vector<int32_t>& qlens,
   }
   *q_out = qlens.data();
   *c_out = ctxs.data();
+}
+
+/* Validates the tree masks of a batch (batch.h, docs/semantics.md 4.7); returns the bytes they
+ * use (tree_mask_indptr[n]), or -1 without masks. */
+int64_t check_tree_masks(const pagedattn_batch_desc& d, int32_t n) {
+  if (!d.tree_mask && !d.tree_mask_indptr) return -1;
+  if (!d.tree_mask_indptr)
+    fail(PAGEDATTN_ERROR_NULL_POINTER, "desc->tree_mask is set but desc->tree_mask_indptr is NULL");
+  const int64_t* ip = d.tree_mask_indptr;
+  if (ip[0] != 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->tree_mask_indptr[0] = %lld, must be 0",
+         static_cast<long long>(ip[0]));
+  for (int32_t i = 0; i < n; ++i) {
+    if (ip[i + 1] < ip[i])
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "desc->tree_mask_indptr[%d] = %lld < tree_mask_indptr[%d] = %lld", i + 1,
+           static_cast<long long>(ip[i + 1]), i, static_cast<long long>(ip[i]));
+    if (ip[i + 1] == ip[i]) continue;  /* the causal rule */
+    const int64_t q = d.query_lens[i];
+    const int64_t need = ceil_div(q * q, 8);
+    if (ip[i + 1] - ip[i] < need)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "sequence %d's tree mask has %lld bytes (tree_mask_indptr[%d] - [%d]) < %lld, the "
+           "%lld x %lld bits of its query length",
+           i, static_cast<long long>(ip[i + 1] - ip[i]), i + 1, i, static_cast<long long>(need),
+           static_cast<long long>(q), static_cast<long long>(q));
+    if (!d.tree_mask)
+      fail(PAGEDATTN_ERROR_NULL_POINTER,
+           "desc->tree_mask is NULL but tree_mask_indptr gives sequence %d a mask", i);
+    const uint8_t* m = d.tree_mask + ip[i];
+    for (int64_t r = 0; r < q; ++r)
+      for (int64_t j = 0; j < q; ++j) {
+        const int64_t b = r * q + j;
+        const bool set = (m[b >> 3] >> (b & 7)) & 1;
+        if (j == r && !set)
+          fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "sequence %d's tree mask: row %lld does not see itself (bit %lld, the diagonal, "
+               "is clear)",
+               i, static_cast<long long>(r), static_cast<long long>(b));
+        if (j > r && set)
+          fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "sequence %d's tree mask: row %lld sees the later token %lld (bit %lld, above the "
+               "diagonal); drafts come in topological order, so a token sees earlier ones only",
+               i, static_cast<long long>(r), static_cast<long long>(j), static_cast<long long>(b));
+      }
+  }
+  return ip[n];
 }
 
 }  // namespace
@@ -253,6 +304,7 @@ void plan(const pagedattn_batch_desc& desc, const Geometry& self, const Geometry
     if (q == 1) ++n_decode;
     if (q > 1) ++n_prefill;
   }
+  const int64_t tree_bytes = check_tree_masks(d, n);
   if (d.slot_mapping) {
     const int64_t limit = static_cast<int64_t>(self.num_blocks) * self.block_size;
     for (int64_t t = 0; t < tokens; ++t) {
@@ -275,6 +327,8 @@ void plan(const pagedattn_batch_desc& desc, const Geometry& self, const Geometry
     check_cap(max_blocks, caps->blocks_per_seq, "table width needed", "max_blocks_per_seq");
     check_cap(sum_enc, caps->num_encoder_tokens, "sum(encoder_lens)", "max_num_encoder_tokens");
     check_cap(max_seq, caps->seq_len, "max sequence length", "max_seq_len");
+    check_cap(std::max<int64_t>(tree_bytes, 0), caps->tree_mask_bytes,
+              "tree_mask_indptr[num_seqs]", "max_tree_mask_bytes");
     cp = *caps;
   } else {
     cp.num_seqs = static_cast<int32_t>(pick_cap(d.max_num_seqs, n, n, "max_num_seqs"));
@@ -303,6 +357,15 @@ void plan(const pagedattn_batch_desc& desc, const Geometry& self, const Geometry
            "%d): more than int32",
            static_cast<long long>(cp.seq_len),
            static_cast<long long>(ceil_div(cp.seq_len, cross.block_size)), cross.block_size);
+    if (d.max_tree_mask_bytes < 0)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->max_tree_mask_bytes = %lld < 0",
+           static_cast<long long>(d.max_tree_mask_bytes));
+    const int64_t tb = std::max<int64_t>(tree_bytes, 0);
+    if (d.max_tree_mask_bytes != 0 && d.max_tree_mask_bytes < tb)
+      fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+           "desc->max_tree_mask_bytes = %lld < tree_mask_indptr[num_seqs] = %lld",
+           static_cast<long long>(d.max_tree_mask_bytes), static_cast<long long>(tb));
+    cp.tree_mask_bytes = d.max_tree_mask_bytes != 0 ? d.max_tree_mask_bytes : tb;
     if (caps_out) *caps_out = cp;
   }
   if (admit) admit(cp);
@@ -378,6 +441,17 @@ void plan(const pagedattn_batch_desc& desc, const Geometry& self, const Geometry
     out.cross_tables.clear();
     out.cross_slots.clear();
   }
+  out.has_tree = tree_bytes >= 0;
+  out.any_tree = false;
+  if (out.has_tree) {
+    out.tree_indptr.assign(d.tree_mask_indptr, d.tree_mask_indptr + n + 1);
+    out.tree_mask.assign(d.tree_mask ? d.tree_mask : nullptr,
+                         d.tree_mask ? d.tree_mask + tree_bytes : nullptr);
+    for (int32_t i = 0; i < n; ++i) out.any_tree |= out.tree_indptr[i + 1] > out.tree_indptr[i];
+  } else {
+    out.tree_indptr.clear();
+    out.tree_mask.clear();
+  }
   out.caller_slots = self.present && d.slot_mapping;
   find_slot_repeat(out.slots, out.slot_repeat);
   find_slot_repeat(out.cross_slots, out.cross_slot_repeat);
@@ -391,7 +465,8 @@ void reserve_plan(Plan& p, const PlanCaps& caps, const Geometry& self, const Geo
       8.0L * caps.num_tokens +
       (cross.present ? static_cast<long double>(seqs) * (4 + 4.0L * cross_stride(caps, cross)) +
                            8.0L * caps.num_encoder_tokens
-                     : 0.0L);
+                     : 0.0L) +
+      static_cast<long double>(caps.tree_mask_bytes);
   constexpr long double kMaxPlanBytes = 1024.0L * 1024 * 1024 * 1024; /* 1 TiB */
   if (bytes > kMaxPlanBytes)
     fail(PAGEDATTN_ERROR_OUT_OF_MEMORY,
@@ -404,6 +479,10 @@ void reserve_plan(Plan& p, const PlanCaps& caps, const Geometry& self, const Geo
   p.query_start.reserve(seqs + 1);
   p.tables.reserve(seqs * static_cast<size_t>(self_stride(caps, self)));
   p.slots.reserve(static_cast<size_t>(caps.num_tokens));
+  if (caps.tree_mask_bytes > 0) {
+    p.tree_mask.reserve(static_cast<size_t>(caps.tree_mask_bytes));
+    p.tree_indptr.reserve(seqs + 1);
+  }
   if (cross.present) {
     p.encoder_lens.reserve(seqs);
     p.cross_tables.reserve(seqs * static_cast<size_t>(cross_stride(caps, cross)));
@@ -428,6 +507,10 @@ void copy_plan(Plan& dst, const Plan& src) {
   assign_in_place(dst.cross_tables, src.cross_tables);
   assign_in_place(dst.slots, src.slots);
   assign_in_place(dst.cross_slots, src.cross_slots);
+  assign_in_place(dst.tree_mask, src.tree_mask);
+  assign_in_place(dst.tree_indptr, src.tree_indptr);
+  dst.has_tree = src.has_tree;
+  dst.any_tree = src.any_tree;
   dst.num_seqs = src.num_seqs;
   dst.num_tokens = src.num_tokens;
   dst.table_stride = src.table_stride;
@@ -468,6 +551,9 @@ void fill_pa_batch(pa_batch& pb, const Plan& p, const PlanCaps& caps, const Geom
   pb.cross_num_blocks = cross.present ? cross.num_blocks : 0;
   pb.num_encoder_tokens = p.num_encoder_tokens;
   pb.cross_slot_mapping = p.has_cross ? p.cross_slots.data() : nullptr;
+  /* NULL when no sequence of this step has a mask, so the kernels take their plain paths. */
+  pb.tree_mask = p.any_tree ? p.tree_mask.data() : nullptr;
+  pb.tree_indptr = p.any_tree ? p.tree_indptr.data() : nullptr;
   pb.max_query_len = p.max_query_len;
   pb.max_seq_len = p.max_seq_len;
   pb.all_context_zero = p.all_context_zero ? 1 : 0;
@@ -476,6 +562,7 @@ void fill_pa_batch(pa_batch& pb, const Plan& p, const PlanCaps& caps, const Geom
   pb.cap_blocks_per_seq = caps.blocks_per_seq;
   pb.cap_num_encoder_tokens = caps.num_encoder_tokens;
   pb.cap_seq_len = caps.seq_len;
+  pb.cap_tree_mask_bytes = caps.tree_mask_bytes;
 }
 
 }  // namespace pa

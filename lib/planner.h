@@ -24,11 +24,16 @@ struct PlanCaps {
   int32_t blocks_per_seq = 0;
   int64_t num_encoder_tokens = 0;
   int64_t seq_len = 0;
+  int64_t tree_mask_bytes = 0;
 };
 
 struct Plan {
   std::vector<int32_t> query_lens, context_lens, query_start, tables, encoder_lens, cross_tables;
   std::vector<int64_t> slots, cross_slots;
+  std::vector<uint8_t> tree_mask;     /* the masks' bytes, [tree_indptr.back()] */
+  std::vector<int64_t> tree_indptr;   /* [num_seqs + 1]; empty without masks */
+  bool has_tree = false;              /* desc->tree_mask_indptr was given */
+  bool any_tree = false;              /* some sequence has a non-empty mask */
   int32_t num_seqs = 0;
   int64_t num_tokens = 0;
   int32_t table_stride = 0;        /* stride of `tables` (the capacity width) */

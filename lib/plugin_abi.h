@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 /* Bump on any change to the structs or ops below. */
-#define PA_PLUGIN_ABI_VERSION 3u
+#define PA_PLUGIN_ABI_VERSION 4u
 #define PA_MSG_LEN 512
 
 /* A resolved [rows, heads, dim] tensor (dim stride 1). data already includes byte_offset. */
@@ -91,6 +91,12 @@ typedef struct pa_batch {
   int32_t cross_num_blocks;
   int64_t num_encoder_tokens;     /* rows of k/v in a writing cross forward */
   const int64_t* cross_slot_mapping; /* [num_encoder_tokens] */
+  /* Speculative-decoding tree masks (both NULL when no sequence of this step has one; a GPU
+   * backend plans device room for cap_tree_mask_bytes): sequence i's bits are bytes
+   * [tree_indptr[i], tree_indptr[i+1]) of tree_mask, a q x q row-major matrix (LSB first; bit
+   * r*q + j: new token r sees new token j), or empty for the causal rule. Validated. */
+  const uint8_t* tree_mask;
+  const int64_t* tree_indptr;     /* [num_seqs + 1] */
   /* Summary. */
   int32_t max_query_len;
   int64_t max_seq_len;            /* max(context+query, encoder_len) */
@@ -101,6 +107,7 @@ typedef struct pa_batch {
   int32_t cap_blocks_per_seq;
   int64_t cap_num_encoder_tokens;
   int64_t cap_seq_len;
+  int64_t cap_tree_mask_bytes;    /* 0: no masks in any step */
   void* backend_data;             /* the backend's plan/workspace (plan_batch), or NULL */
   uint64_t backend_bytes;         /* set by the first plan_batch: the bytes backend_data holds
                                      (device or host), for pagedattn_batch_info */

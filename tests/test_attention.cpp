@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <thread>
 
 #include "pagedattn_test_support.h"
@@ -434,6 +435,54 @@ TEST_F(Attention, SinksChunksHeadScalesWithEveryOption) {
   });
 }
 
+// Speculative-decoding verification (docs/semantics.md 4.7): draft trees over the new tokens of
+// decode and chunked-prefill sequences, with chains and causal (empty) segments among them.
+TEST_F(Attention, FastTreeMasks) {
+  if (!(caps.features & PAGEDATTN_FEATURE_TREE_MASK))
+    GTEST_SKIP() << "skipped: " << caps.name << " lacks tree masks";
+  run(18, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.dtype = kModel[i % 3];
+    c.tree = true;
+    c.seqs = pat::random_mixed_seqs(rng, 1 + static_cast<int>(rng() % 5), 12, 120, i % 4 == 0);
+    for (auto& s : c.seqs)
+      if (s.qlen > 1 && rng() % 2) s.qlen = 2 + static_cast<int>(rng() % 7);  // draft-sized
+    limit_cost(c, 30'000'000);
+    return c;
+  });
+}
+
+TEST_F(Attention, TreeMasksWithEveryOption) {
+  if (!(caps.features & PAGEDATTN_FEATURE_TREE_MASK))
+    GTEST_SKIP() << "skipped: " << caps.name << " lacks tree masks";
+  // With sinks, soft cap, GQA, fp8 and per-head scales, strided tensors, write_kv off, the SEQ
+  // length form, a batch updated in place, and long contexts that split the keys.
+  const bool extras = (caps.features & PAGEDATTN_FEATURE_SINKS) &&
+                      (caps.features & PAGEDATTN_FEATURE_HEAD_SCALES);
+  run(30, [&](std::mt19937_64& rng, int i) {
+    AttnCase c = base(rng);
+    c.tree = true;
+    const int n = 1 + static_cast<int>(rng() % 4);
+    c.seqs.resize(n);
+    for (auto& s : c.seqs) {
+      s.qlen = 1 + static_cast<int>(rng() % (i % 3 == 0 ? 40 : 9));
+      s.ctx = static_cast<int>(rng() % (i % 4 == 0 ? 2500 : 300));
+    }
+    if (extras && rng() % 2) c.sinks = true;
+    if (rng() % 3 == 0) c.soft_cap = 5.0f + static_cast<float>(rng() % 30);
+    if (rng() % 2) {
+      c.cache_dtype = rng() % 2 ? PAGEDATTN_DTYPE_FP8_E4M3 : PAGEDATTN_DTYPE_FP8_E5M2;
+      c.head_scales = extras && rng() % 2;
+    }
+    if (rng() % 4 == 0) c.strided_io = true;
+    if (rng() % 4 == 0) c.write_kv = false;
+    if (rng() % 4 == 0) c.seq_lens_form = true;
+    if (rng() % 3 == 0) c.via_update = true;
+    limit_cost(c, 40'000'000);
+    return c;
+  });
+}
+
 TEST_F(Attention, SinksOnEncoderAndCrossRows) {
   if (!(caps.features & PAGEDATTN_FEATURE_SINKS))
     GTEST_SKIP() << "skipped: " << caps.name << " lacks sinks";
@@ -677,4 +726,88 @@ TEST_F(Attention, PaddedTokenRowsAreUntouched) {
     limit_cost(c, 20'000'000);
     return c;
   });
+}
+
+TEST_F(Attention, ChainTreeMaskIsExactlyCausal) {
+  // A chain mask (every draft sees all earlier ones) is the causal rule: the same bytes as the
+  // batch without masks, on every dtype, with and without a split of the keys.
+  if (!(caps.features & PAGEDATTN_FEATURE_TREE_MASK))
+    GTEST_SKIP() << "skipped: " << caps.name << " lacks tree masks";
+  const uint64_t master = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(master));
+  std::mt19937_64 rng(master);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (pagedattn_dtype dt : kModel) {
+    const int H = 8, Hkv = 2, D = 64, bs = 16;
+    const std::vector<int32_t> ql = {6, 1, 4}, cl = {50, 700, 1500};
+    const int T = 11, nb = 160;
+    pagedattn_kv_cache_desc g;
+    pagedattn_kv_cache_desc_init(&g);
+    g.num_layers = 1;
+    g.num_blocks = nb;
+    g.block_size = bs;
+    g.num_kv_heads = Hkv;
+    g.head_size = D;
+    g.dtype = dt;
+    pagedattn_kv_cache* cache = nullptr;
+    ASSERT_EQ(pagedattn_kv_cache_create(&cache, be, &g), PAGEDATTN_OK) << pat::last_error();
+    std::vector<int32_t> tab(3 * 100);
+    std::vector<int32_t> ids(nb);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 100; ++j) tab[i * 100 + j] = ids[(i * 53 + j) % nb];
+    // Chains: row r of a q x q matrix sees tokens 0..r.
+    std::vector<uint8_t> bits;
+    std::vector<int64_t> ip = {0};
+    for (int q : ql) {
+      const size_t base = bits.size();
+      bits.resize(base + static_cast<size_t>((q * q + 7) / 8), 0);
+      for (int r = 0; r < q; ++r)
+        for (int j = 0; j <= r; ++j) bits[base + (r * q + j) / 8] |= static_cast<uint8_t>(1u << ((r * q + j) % 8));
+      ip.push_back(static_cast<int64_t>(bits.size()));
+    }
+    pagedattn_batch* plain = nullptr;
+    pagedattn_batch* chain = nullptr;
+    pagedattn_batch_desc bd;
+    ASSERT_EQ(pagedattn_batch_desc_init_sized(&bd, sizeof bd), PAGEDATTN_OK);
+    bd.num_seqs = 3;
+    bd.query_lens = ql.data();
+    bd.context_lens = cl.data();
+    bd.block_tables = tab.data();
+    bd.block_table_stride = 100;
+    ASSERT_EQ(pagedattn_batch_create(&plain, be, cache, nullptr, &bd), PAGEDATTN_OK) << pat::last_error();
+    bd.tree_mask = bits.data();
+    bd.tree_mask_indptr = ip.data();
+    ASSERT_EQ(pagedattn_batch_create(&chain, be, cache, nullptr, &bd), PAGEDATTN_OK) << pat::last_error();
+    pat::Tensor q(dev, dt, T, H, D), k(dev, dt, T, Hkv, D), v(dev, dt, T, Hkv, D);
+    pat::Tensor o1(dev, dt, T, H, D), o2(dev, dt, T, H, D);
+    for (pat::Tensor* t : {&q, &k, &v}) {
+      for (int64_t r = 0; r < t->rows(); ++r)
+        for (int64_t h = 0; h < t->heads(); ++h)
+          for (int64_t d = 0; d < D; ++d) t->set(r, h, d, nd(rng));
+      t->upload();
+    }
+    o1.poison_all();
+    o2.poison_all();
+    o1.upload();
+    o2.upload();
+    pagedattn_attention_options opts;
+    pagedattn_attention_options_init(&opts);
+    opts.num_heads = H;
+    opts.num_kv_heads = Hkv;
+    opts.head_size = D;
+    EXPECT_EQ(pagedattn_forward(be, plain, cache, 0, &opts, q.t(), k.t(), v.t(), o1.t(), nullptr, nullptr),
+              PAGEDATTN_OK) << pat::last_error();
+    EXPECT_EQ(pagedattn_forward(be, chain, cache, 0, &opts, q.t(), k.t(), v.t(), o2.t(), nullptr, nullptr),
+              PAGEDATTN_OK) << pat::last_error();
+    ASSERT_EQ(pagedattn_backend_synchronize(be, nullptr), PAGEDATTN_OK);
+    o1.download();
+    o2.download();
+    EXPECT_TRUE(o1.buf().host() == o2.buf().host())
+        << pat::dtype_str(dt) << ": a chain mask gave other bytes than the causal rule";
+    pagedattn_batch_destroy(plain);
+    pagedattn_batch_destroy(chain);
+    pagedattn_kv_cache_destroy(cache);
+  }
 }

@@ -711,3 +711,83 @@ TEST_F(Batch, SeqLensFormRefusals) {
                         "sum(query_lens) 9 > max_num_tokens 8"));
   EXPECT_EQ(slots(), sm0);
 }
+
+TEST_F(Batch, TreeMaskRefusals) {
+  // Each refusal of a malformed tree mask (docs/semantics.md 4.7): its status, a message naming
+  // the sequence, row and column, and nothing created (create) or changed (update).
+  pagedattn_batch* const sentinel = reinterpret_cast<pagedattn_batch*>(0x40);
+  // Sequence 0 decodes one token (its 1-bit mask, or none); sequence 1 verifies 3 drafts:
+  // token 0, then tokens 1 and 2 both children of token 0 (rows 0b001, 0b011, 0b101).
+  std::vector<uint8_t> bits;
+  std::vector<int64_t> indptr;
+  auto tree_desc = [&](std::vector<uint8_t> b, std::vector<int64_t> ip) {
+    bits = std::move(b);
+    indptr = std::move(ip);
+    describe({1, 3}, {5, 2}, {0, 1, 2, 3, 4, 5}, 3);
+    ASSERT_EQ(pagedattn_batch_desc_init_sized(&bd, sizeof bd), PAGEDATTN_OK);
+    bd.num_seqs = 2;
+    bd.query_lens = ql.data();
+    bd.context_lens = cl.data();
+    bd.block_tables = tables.data();
+    bd.block_table_stride = 3;
+    bd.tree_mask = bits.data();
+    bd.tree_mask_indptr = indptr.data();
+  };
+  // Row r of sequence 1 at bits 3r..3r+2 (LSB first): 0b101'011'001 = 0x159, 2 bytes.
+  tree_desc({0x01, 0x59, 0x01}, {0, 1, 3});
+  bd.max_tree_mask_bytes = 8;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &bd), PAGEDATTN_OK)
+      << pat::last_error();
+  pagedattn_batch_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_EQ(pagedattn_batch_get_info(&info, batch), PAGEDATTN_OK);
+  EXPECT_EQ(info.max_tree_mask_bytes, 8);
+  const auto sm0 = slots();
+  auto expect = [&](pagedattn_status st, const std::string& needle, const char* what) {
+    SCOPED_TRACE(what);
+    pagedattn_batch* b = sentinel;
+    EXPECT_TRUE(status_is(pagedattn_batch_create(&b, be, cache, nullptr, &bd), st, needle));
+    EXPECT_EQ(b, sentinel);
+    EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &bd), st, needle));
+    EXPECT_EQ(slots(), sm0) << "a refused update changed the batch";
+    EXPECT_TRUE(info_is(2, 4));
+  };
+  tree_desc({0x01, 0x59, 0x01}, {1, 2, 4});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->tree_mask_indptr[0] = 1, must be 0", "indptr[0]");
+  tree_desc({0x01, 0x59, 0x01}, {0, 3, 1});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->tree_mask_indptr[2] = 1 < tree_mask_indptr[1] = 3",
+         "decreasing indptr");
+  tree_desc({0x01, 0x59}, {0, 1, 2});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "sequence 1's tree mask has 1 bytes (tree_mask_indptr[2] - [1]) < 2, the 3 x 3 bits",
+         "short segment");
+  tree_desc({0x01, 0x58, 0x01}, {0, 1, 3});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "sequence 1's tree mask: row 0 does not see itself (bit 0, the diagonal, is clear)",
+         "diagonal clear");
+  tree_desc({0x00, 0x59, 0x01}, {0, 1, 3});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT, "sequence 0's tree mask: row 0 does not see itself",
+         "a decode's diagonal clear");
+  tree_desc({0x01, 0x5B, 0x01}, {0, 1, 3});
+  expect(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "sequence 1's tree mask: row 0 sees the later token 1 (bit 1, above the diagonal)",
+         "above the diagonal");
+  tree_desc({0x01, 0x59, 0x01}, {0, 1, 3});
+  bd.tree_mask = nullptr;
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "desc->tree_mask is NULL but tree_mask_indptr gives sequence 0 a mask",
+         "NULL bits");
+  tree_desc({0x01, 0x59, 0x01}, {0, 1, 3});
+  bd.tree_mask_indptr = nullptr;
+  expect(PAGEDATTN_ERROR_NULL_POINTER, "desc->tree_mask is set but desc->tree_mask_indptr is NULL",
+         "NULL indptr");
+  // Past the capacity planned for: 9 bytes > 8.
+  tree_desc({0x01, 0x59, 0x01, 0, 0, 0, 0, 0, 0}, {0, 1, 9});
+  EXPECT_TRUE(status_is(pagedattn_batch_update(batch, &bd), PAGEDATTN_ERROR_CAPACITY,
+                        "tree_mask_indptr[num_seqs] 9 > max_tree_mask_bytes 8"));
+  EXPECT_EQ(slots(), sm0);
+  // Empty segments are the causal rule; an update to them, and back, is accepted.
+  tree_desc({}, {0, 0, 0});
+  EXPECT_EQ(pagedattn_batch_update(batch, &bd), PAGEDATTN_OK) << pat::last_error();
+  tree_desc({0x01, 0x59, 0x01}, {0, 1, 3});
+  EXPECT_EQ(pagedattn_batch_update(batch, &bd), PAGEDATTN_OK) << pat::last_error();
+}

@@ -371,6 +371,48 @@ TEST_F(ForwardRefusal, SinksChunkAndHeadScales) {
   ASSERT_EQ(call(), PAGEDATTN_OK) << pat::last_error();
 }
 
+TEST_F(ForwardRefusal, TreeMaskBatchTakesPlainDecoderAttention) {
+  // A batch planned with tree masks: its tokens have no positions for ALiBi, a window or a
+  // chunk, and the masks order decoder tokens only.
+  std::vector<int32_t> ql = {3, 1}, cl = {5, 20}, tab = {6, 0, 2, 4};
+  std::vector<uint8_t> bits = {0x59, 0x01};  // rows 0b001, 0b011, 0b101; then the decode's bit
+  std::vector<int64_t> ip = {0, 2, 2};
+  pagedattn_batch_desc bd;
+  ASSERT_EQ(pagedattn_batch_desc_init_sized(&bd, sizeof bd), PAGEDATTN_OK);
+  bd.num_seqs = 2;
+  bd.query_lens = ql.data();
+  bd.context_lens = cl.data();
+  bd.block_tables = tab.data();
+  bd.block_table_stride = 2;
+  bd.tree_mask = bits.data();
+  bd.tree_mask_indptr = ip.data();
+  pagedattn_batch* tb = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&tb, be, cache, nullptr, &bd), PAGEDATTN_OK) << pat::last_error();
+  batches_.push_back(tb);
+  ASSERT_EQ(pagedattn_attention_options_init_sized(&opts, sizeof opts), PAGEDATTN_OK);
+  opts.num_heads = H;
+  opts.num_kv_heads = HKV;
+  opts.head_size = D;
+  auto fwd = [&] {
+    return pagedattn_forward(be, tb, cache, 1, &opts, q->t(), k->t(), v->t(), out->t(), lse->t(), nullptr);
+  };
+  if (!(caps.features & PAGEDATTN_FEATURE_TREE_MASK)) {
+    refused("no tree masks", PAGEDATTN_ERROR_UNSUPPORTED, "tree masks is not supported", fwd);
+    return;
+  }
+  ASSERT_EQ(fwd(), PAGEDATTN_OK) << pat::last_error();
+  opts.alibi_slopes = slopes->t();
+  refused("ALiBi", PAGEDATTN_ERROR_INVALID_ARGUMENT, "tree masks (speculative decoding), which take plain decoder attention: ALiBi is not supported", fwd);
+  opts.alibi_slopes = nullptr;
+  opts.sliding_window = 4;
+  refused("window", PAGEDATTN_ERROR_INVALID_ARGUMENT, "a sliding window is not supported", fwd);
+  opts.sliding_window = 0;
+  opts.attention_chunk = 4;
+  refused("chunk", PAGEDATTN_ERROR_INVALID_ARGUMENT, "an attention chunk is not supported", fwd);
+  opts.attention_chunk = 0;
+  ASSERT_EQ(fwd(), PAGEDATTN_OK) << pat::last_error();
+}
+
 TEST_F(ForwardRefusal, LayerOutOfRange) {
   for (int layer : {L, -1, 1000}) {
     refused("layer", PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = " + std::to_string(layer) + " is not in [0, 2)", [&] {

@@ -40,6 +40,7 @@ typedef struct pagedattn_backend pagedattn_backend;
 #define PAGEDATTN_FEATURE_SINKS (1u << 12)        /* attention sinks (options.sinks) */
 #define PAGEDATTN_FEATURE_CHUNKED_LOCAL (1u << 13) /* options.attention_chunk */
 #define PAGEDATTN_FEATURE_HEAD_SCALES (1u << 14)  /* per-KV-head fp8 scales (options, writes) */
+#define PAGEDATTN_FEATURE_TREE_MASK (1u << 15)    /* speculative-decoding tree masks (batch) */
 
 /* What a backend can do, so a caller can decide before calling. */
 typedef struct pagedattn_capabilities {

@@ -95,6 +95,18 @@ typedef struct pagedattn_batch_desc {
   const int32_t* seq_lens;        /* [num_seqs], each >= its query length: context + new tokens */
   const int32_t* query_start_loc; /* [num_seqs + 1]: 0, then non-decreasing row offsets; the
                                      last is the batch's token count */
+  /* Speculative-decoding verification (docs/semantics.md section 4.7): tree masks over each
+   * sequence's new tokens, or both NULL (causal among them, the default). Sequence i's mask is
+   * bytes tree_mask[tree_mask_indptr[i] .. tree_mask_indptr[i+1]): empty, the causal rule; else
+   * at least ceil(q*q / 8) bytes (q its query length) holding a q x q bit matrix, row-major,
+   * least significant bit first: bit r*q + j set = new token r sees new token j. Every diagonal
+   * bit is set and none above it (drafts come in topological order); the context is always
+   * visible. Decoder attention only, without ALiBi, a window or an attention chunk. */
+  const uint8_t* tree_mask;
+  const int64_t* tree_mask_indptr; /* [num_seqs + 1]: 0, then non-decreasing byte offsets */
+  int64_t max_tree_mask_bytes;     /* capacity for updates: 0 = tree_mask_indptr[num_seqs]
+                                      (0 without masks, so a batch that updates to masked steps
+                                      is created with this set) */
 } pagedattn_batch_desc;
 
 /* Fills the 0.1 fields of *desc with zeros and sets struct_size to the 0.1 size, so a binary or
@@ -120,7 +132,9 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_desc_init_sized(pagedattn_batch_d
  * needs), PAGEDATTN_ERROR_STRUCT_SIZE, PAGEDATTN_ERROR_INVALID_ARGUMENT (negative length or count,
  * capacity below this batch, slot_mapping entry < -1, an unknown lens_form, the arrays of the
  * other form set, query_start_loc[0] != 0 or decreasing, seq_lens[i] below sequence i's query
- * length), PAGEDATTN_ERROR_OUT_OF_RANGE (a block id
+ * length; a tree mask without its indptr or the reverse, tree_mask_indptr[0] != 0 or
+ * decreasing, a sequence's mask shorter than its q x q bits, a diagonal bit clear or a bit
+ * above the diagonal set, naming the sequence, row and column), PAGEDATTN_ERROR_OUT_OF_RANGE (a block id
  * outside its cache, a table row shorter than needed, a caller slot outside the cache),
  * PAGEDATTN_ERROR_OVERFLOW (sums that overflow), PAGEDATTN_ERROR_INVALID_HANDLE (a destroyed
  * backend or cache, or a cache of another backend), PAGEDATTN_ERROR_OUT_OF_MEMORY (host metadata
@@ -151,8 +165,8 @@ PAGEDATTN_API pagedattn_status pagedattn_batch_create(pagedattn_batch** out,
  * after update returns sees the new contents. The split-KV workspace is not touched. On CPU
  * backends update only rewrites host memory, under the batch's lock.
  * Returns the statuses of create (PAGEDATTN_ERROR_INVALID_HANDLE: batch destroyed) plus
- * PAGEDATTN_ERROR_CAPACITY (more sequences, tokens, table width, encoder tokens or sequence length
- * than planned) and PAGEDATTN_ERROR_INVALID_ARGUMENT (block tables or encoder_lens for a batch
+ * PAGEDATTN_ERROR_CAPACITY (more sequences, tokens, table width, encoder tokens, sequence length
+ * or tree mask bytes than planned) and PAGEDATTN_ERROR_INVALID_ARGUMENT (block tables or encoder_lens for a batch
  * planned without a cache or cross cache). Needs exclusive access to the batch. */
 PAGEDATTN_API pagedattn_status pagedattn_batch_update(pagedattn_batch* batch,
                                                      const pagedattn_batch_desc* desc);
@@ -182,6 +196,7 @@ typedef struct pagedattn_batch_info {
                                  metadata, work lists and split-KV partials (device memory) */
   int64_t max_num_encoder_tokens; /* the remaining capacities planned for */
   int64_t max_seq_len_capacity;   /* what max_seq_len may reach through update */
+  int64_t max_tree_mask_bytes;    /* tree mask bytes a step may use (0: none) */
 } pagedattn_batch_info;
 
 /* Fills *out (up to out->struct_size bytes). Returns PAGEDATTN_ERROR_NULL_POINTER (out, batch),

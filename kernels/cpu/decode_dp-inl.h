@@ -280,7 +280,7 @@ PA_AMX_ATTR void AttentionItemDp(const AttnItem& it, Scratch* sc, bool amx) {
     // Every row sees all nk keys of the tile (a decode's tiles, its last one included).
     bool whole = plain;
     for (int t = 0; whole && t < ntok; ++t)
-      whole = item_row_lo(it, t) <= kt0 && kt0 + nk - 1 <= item_row_hi(it, t);
+      whole = item_row_lo(it, t) <= kt0 && kt0 + nk - 1 <= item_row_dense_hi(it, t);
     if (whole && nk == kKeyTile) {
       dp_softmax_full(sc, p16, rows, Dq, sfac);
     } else if (whole) {

@@ -490,6 +490,7 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
   bool any = false;
   for (int t = 0; t < ntok; ++t) {
     const int64_t lo = item_row_lo(it, t), hi = item_row_hi(it, t);
+    const int64_t dense_hi = item_row_dense_hi(it, t);
     const int64_t pos = item_pos(it, t);
     for (int g = 0; g < nh; ++g) {
       const int r = t * nh + g;
@@ -498,7 +499,7 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
       const bool alibi = it.alibi != nullptr;
       const float slope = alibi ? it.alibi[it.h0 + g] : 0.0f;
       float mt = kNegInf;
-      if (plain && lo <= kt0 && kt0 + nk - 1 <= hi) {  // whole tile visible, nothing to add
+      if (plain && lo <= kt0 && kt0 + nk - 1 <= dense_hi) {  // whole tile visible, nothing to add
         int k = 0;
         if (nk == kKeyTile) {
           const DF d;
@@ -518,7 +519,9 @@ HWY_INLINE bool softmax_tile(const AttnItem& it, Scratch* sc, int64_t kt0, int n
         for (int k = 0; k < nk; ++k) {
           const int64_t kp = kt0 + k;
           float x = s[k];
-          x = kp < lo || kp > hi ? kNegInf : logit(x, it.soft_cap, alibi, slope, kp, pos);
+          x = kp < lo || kp > hi || !item_tree_sees(it, t, kp)
+                  ? kNegInf
+                  : logit(x, it.soft_cap, alibi, slope, kp, pos);
           s[k] = x;
           mt = max_keep_nan(mt, x);
         }

@@ -123,6 +123,10 @@ struct AttnItem {
   int32_t pos_offset;
   int32_t window;
   int32_t chunk;
+  /* The sequence's tree mask (variant.h tree_sees; pos_offset is its context length), or NULL:
+   * set only for a decoder sequence of more than one new token whose mask is not empty. */
+  const uint8_t* tree;
+  int32_t tree_q;
   int64_t num_keys;           /* keys of the sequence */
   int64_t key0, key1;         /* key range of this item (split-KV) */
   float scale, soft_cap;

@@ -81,6 +81,13 @@ void seq_item(const pa_forward_args& a, int32_t i, AttnItem* it) {
   it->head_size = a.head_size;
   it->window = a.sliding_window;
   it->chunk = a.attention_chunk;
+  it->tree = nullptr;
+  it->tree_q = 0;
+  if (bt.tree_indptr != nullptr && a.attention_type == PAGEDATTN_ATTENTION_DECODER &&
+      bt.query_lens[i] > 1 && bt.tree_indptr[i + 1] > bt.tree_indptr[i]) {
+    it->tree = bt.tree_mask + bt.tree_indptr[i];
+    it->tree_q = bt.query_lens[i];
+  }
   it->num_keys = keys_of(a, i);
   it->scale = a.scale;
   it->soft_cap = a.soft_cap;

@@ -38,6 +38,21 @@ HWY_INLINE int64_t item_row_hi(const AttnItem& it, int t) {
   return visible_hi(it.causal != 0, item_pos(it, t), it.num_keys);
 }
 
+// The last key token t sees from its first visible one on without a gap: item_row_hi, or with a
+// tree mask the last context key (its new tokens' keys may be masked one by one).
+HWY_INLINE int64_t item_row_dense_hi(const AttnItem& it, int t) {
+  const int64_t hi = item_row_hi(it, t);
+  if (it.tree == nullptr) return hi;
+  return hi < it.pos_offset - 1 ? hi : it.pos_offset - 1;
+}
+
+// Whether token t sees key kp inside [item_row_lo, item_row_hi]: always, but for a tree mask's
+// keys among the new tokens.
+HWY_INLINE bool item_tree_sees(const AttnItem& it, int t, int64_t kp) {
+  if (it.tree == nullptr || kp < it.pos_offset) return true;
+  return tree_sees(it.tree, it.tree_q, it.tok0 + t, kp - it.pos_offset);
+}
+
 // The sink logit of the item's query head h0 + g, or NULL without sinks (row_norm).
 HWY_INLINE const float* item_sink(const AttnItem& it, int g) {
   return it.sinks != nullptr ? it.sinks + it.h0 + g : nullptr;

@@ -31,6 +31,14 @@ static inline int64_t visible_hi(bool causal, int64_t pos, int64_t num_keys) {
   return pos < num_keys - 1 ? pos : num_keys - 1;
 }
 
+/* Whether new token r of a sequence with a tree mask (bits: its q x q matrix, row-major, least
+ * significant bit first) sees its new token j (docs/semantics.md 4.7). The context is always
+ * visible; a tree admits no window, chunk or ALiBi. */
+static inline bool tree_sees(const uint8_t* bits, int32_t q, int64_t r, int64_t j) {
+  const int64_t b = r * q + j;
+  return (bits[b >> 3] >> (b & 7)) & 1;
+}
+
 /* The logit of the scaled score s of key kp for a query at pos: soft cap (cap > 0), then the
  * ALiBi bias slope * (kp - pos) (has_alibi). */
 static inline float logit(float s, float soft_cap, bool has_alibi, float slope, int64_t kp,

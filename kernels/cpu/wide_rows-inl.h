@@ -140,9 +140,24 @@ HWY_INLINE WideRows wide_rows(const AttnItem& it, Scratch* sc, int Rp) {
     w.kbeg = std::min(w.kbeg, lo);
     w.kend = std::max(w.kend, hi + 1);
     w.max_lo = std::max(w.max_lo, sc->lo[r]);
-    w.min_hi = std::min(w.min_hi, sc->hi[r]);
+    w.min_hi = std::min<int64_t>(w.min_hi, std::min(hi, item_row_dense_hi(it, t)));
   }
   return w;
+}
+
+// The lanes of row vector o (rows r = t * nh + g) whose tokens' tree masks let them see new-token
+// key kp (variant-inl.h item_tree_sees); padding rows see nothing.
+template <class DI>
+HWY_INLINE hn::Mask<DI> tree_lanes(const AttnItem& it, DI di, size_t o, int64_t kp) {
+  const int nh = it.h1 - it.h0;
+  const int rows = nh * (it.tok1 - it.tok0);
+  HWY_ALIGN int32_t vis[kMaxRows];
+  const size_t n = hn::Lanes(di);
+  for (size_t i = 0; i < n; ++i) {
+    const int r = static_cast<int>(o + i);
+    vis[i] = r < rows && item_tree_sees(it, r / nh, kp) ? 1 : 0;
+  }
+  return hn::Ne(hn::Load(di, vis), hn::Zero(di));
 }
 
 // Row-vectorised masking of one key tile for row vector o (N rows): scores times sfac, soft cap,
@@ -180,7 +195,9 @@ HWY_INLINE hn::Vec<DF> wide_mask_max(const AttnItem& it, Scratch* sc, int64_t kt
     auto x = hn::Load(d, sp);
     if (sfac != 1.0f) x = hn::Mul(x, vsfac);
     x = rows_logits(d, x, it.soft_cap, cap, inv_cap, alibi, slope, kt0 + k, posf);
-    x = hn::IfThenElse(hn::RebindMask(d, rows_see(di, kt0 + k, lo, hi)), x, ninf);
+    auto see = rows_see(di, kt0 + k, lo, hi);
+    if (it.tree != nullptr && kt0 + k >= it.pos_offset) see = hn::And(see, tree_lanes(it, di, o, kt0 + k));
+    x = hn::IfThenElse(hn::RebindMask(d, see), x, ninf);
     hn::Store(x, d, sp);
     mt = hn::Max(mt, x);
     nan = hn::Or(nan, hn::IsNaN(x));

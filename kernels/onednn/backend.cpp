@@ -255,6 +255,10 @@ void tile_item(Backend* be, Worker& w, const TileItem& it, bool bf16) {
   sa.causal = it.causal;
   sa.window = it.window;
   sa.chunk = it.chunk;
+  sa.tree = it.tree;
+  sa.tree_q = it.tree_q;
+  sa.tok0 = it.tok0;
+  sa.tree_ctx = it.pos_offset;
   sa.scale = it.scale;
   sa.soft_cap = it.soft_cap;
   sa.alibi = it.alibi != nullptr ? it.alibi + it.h0 : nullptr;

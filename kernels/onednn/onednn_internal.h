@@ -33,6 +33,12 @@ struct SoftmaxTileArgs {
   int causal;
   int window;
   int chunk;
+  /* The sequence's tree mask (kernels/cpu/variant.h tree_sees), or NULL: token t of the item is
+   * new token tok0 + t of a sequence with tree_ctx context keys and tree_q new tokens. */
+  const uint8_t* tree;
+  int tree_q;
+  int tok0;
+  int64_t tree_ctx;
   float scale, soft_cap;
   const float* alibi; /* slopes of the item's heads (index g), or NULL */
 };

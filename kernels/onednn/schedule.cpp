@@ -112,6 +112,13 @@ void tile_item_at(const pa_forward_args& a, int min_query, const int64_t* prefix
   it.alibi = a.alibi_slopes;
   it.window = a.sliding_window;
   it.chunk = a.attention_chunk;
+  it.tree = nullptr;
+  it.tree_q = 0;
+  if (bt.tree_indptr != nullptr && !encoder && !cross && ql > 1 &&
+      bt.tree_indptr[s + 1] > bt.tree_indptr[s]) {
+    it.tree = bt.tree_mask + bt.tree_indptr[s];
+    it.tree_q = ql;
+  }
   it.sinks = a.sinks;
   KeySource& kv = it.kv;
   kv.k_scale = !fp8 ? 1.0f : a.k_head_scales != nullptr ? a.k_head_scales[kvh] : a.k_scale;

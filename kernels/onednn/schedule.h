@@ -58,6 +58,8 @@ struct TileItem {
   int32_t pos_offset;
   int32_t window;
   int32_t chunk;
+  const uint8_t* tree;    /* the sequence's tree mask (kernels/cpu/kernels.h AttnItem), or NULL */
+  int32_t tree_q;
   int64_t num_keys;       /* keys of the sequence */
   float scale, soft_cap;
   const float* alibi;     /* [num_heads] or NULL */

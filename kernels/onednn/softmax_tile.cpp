@@ -76,6 +76,11 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
           s[k] = pa_cpu::logit(s[k], a.soft_cap, alibi, slope, a.kt0 + k, pos);
         sc = 1.0f;
       }
+      // A tree mask hides some new-token keys inside [kb, ke): -inf weighs 0 (sc > 0).
+      if (a.tree != nullptr)
+        for (int k = std::max<int64_t>(kb, a.tree_ctx - a.kt0); k < ke; ++k)
+          if (!pa_cpu::tree_sees(a.tree, a.tree_q, a.tok0 + t, a.kt0 + k - a.tree_ctx))
+            s[k] = kNegInf;
       // Row maximum (scale > 0, so max(scale * s) = scale * max(s)); NaN if a score is.
       int k = kb;
       auto vmax = hn::Set(d, kNegInf);

@@ -28,6 +28,7 @@ std::string AttnCase::describe() const {
   if (chunk) o << " chunk=" << chunk;
   if (head_scales) o << " head_scales";
   if (!sized_opts) o << " opts0.1";
+  if (tree) o << " tree";
   if (!write_kv) o << " write_kv=0";
   if (is_fp8(cache_dtype)) o << " kscale=" << k_scale << " vscale=" << v_scale;
   if (lse) o << " lse";
@@ -480,8 +481,40 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
       if (ctxs[i] == 0)
         for (int64_t p = 0; p < encs[i]; ++p) my_cross_slots.push_back(cross_slot(i, p));
   }
+  // Draft trees (docs/semantics.md 4.7): per decoder sequence of 2+ new tokens an empty segment
+  // (causal), a chain (the same as causal), or a random tree whose tokens see their ancestors.
+  std::vector<std::vector<uint8_t>> tree_rows(nseq);  // unpacked [q][q], empty = causal
+  std::vector<uint8_t> tree_bytes;
+  std::vector<int64_t> tree_indptr(nseq + 1, 0);
+  if (c.tree && decoder) {
+    for (int i = 0; i < nseq; ++i) {
+      const int q = qlens[i];
+      tree_indptr[i + 1] = tree_indptr[i];
+      const int kind = static_cast<int>(frng() % 4);
+      if (q < 2 || kind == 0) continue;
+      std::vector<uint8_t>& m = tree_rows[i];
+      m.assign(static_cast<size_t>(q) * q, 0);
+      for (int r = 0; r < q; ++r) {
+        const int parent = kind == 1 ? r - 1 : (r == 0 || frng() % 4 == 0) ? -1 : static_cast<int>(frng() % r);
+        if (parent >= 0)
+          for (int j = 0; j < q; ++j) m[static_cast<size_t>(r) * q + j] = m[static_cast<size_t>(parent) * q + j];
+        m[static_cast<size_t>(r) * q + r] = 1;
+      }
+      // Packed, least significant bit first, plus a spare byte the library must not read.
+      const int64_t nbytes = (static_cast<int64_t>(q) * q + 7) / 8 + static_cast<int64_t>(frng() % 2);
+      const size_t base = tree_bytes.size();
+      tree_bytes.resize(base + static_cast<size_t>(nbytes), 0);
+      for (int64_t b = 0; b < static_cast<int64_t>(q) * q; ++b)
+        if (m[static_cast<size_t>(b)]) tree_bytes[base + static_cast<size_t>(b >> 3)] |= static_cast<uint8_t>(1u << (b & 7));
+      tree_indptr[i + 1] = tree_indptr[i] + nbytes;
+    }
+  }
   pagedattn_batch_desc bd;
   pagedattn_batch_desc_init_sized(&bd, sizeof bd);
+  if (c.tree && decoder) {
+    bd.tree_mask = tree_bytes.data();
+    bd.tree_mask_indptr = tree_indptr.data();
+  }
   bd.num_seqs = nseq;
   bd.query_lens = qlens.data();
   bd.context_lens = ctxs.data();
@@ -526,6 +559,9 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
     first.max_blocks_per_seq = std::max(self_w, cross ? cross_w : 0);
     first.max_num_encoder_tokens = enc_total + 3;
     first.max_seq_len = max_len + 3;
+    first.tree_mask = nullptr;
+    first.tree_mask_indptr = nullptr;
+    first.max_tree_mask_bytes = (c.tree && decoder) ? tree_indptr[nseq] + 5 : 0;
     st = pagedattn_batch_create(&guard.b, be, has_cache ? cache : nullptr, cross ? cache : nullptr,
                                 &first);
     if (st != PAGEDATTN_OK) {
@@ -793,6 +829,9 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
     }
     std::vector<int64_t> qpos(s.qlen);
     for (int64_t j = 0; j < s.qlen; ++j) qpos[j] = (decoder ? s.ctx : 0) + j;
+    rp.tree = tree_rows[i].empty() ? nullptr : tree_rows[i].data();
+    rp.tree_ctx = s.ctx;
+    rp.tree_q = s.qlen;
     ref_attend(rp, s.qlen, &qf[qstart[i] * H * D], qpos.data(), nk, kk.data(), vv.data(),
                &ref_out[qstart[i] * H * D], &ref_lse[qstart[i] * H]);
   }

@@ -158,6 +158,10 @@ struct RefParams {
   const float* alibi = nullptr; /* [H] or NULL */
   const float* sinks = nullptr; /* [H] or NULL: a logit per head in every row's softmax */
   int64_t chunk = 0;    /* attention chunk C > 0: keys with key / C == pos / C only */
+  /* A tree mask over the new tokens (unpacked, [tree_q][tree_q] of 0/1, row: the query token),
+   * whose first key is at position tree_ctx, or NULL. */
+  const uint8_t* tree = nullptr;
+  int64_t tree_ctx = 0, tree_q = 0;
   bool causal = true;
 };
 /* Float64 attention of nq queries (q: [nq][H][D], absolute positions qpos) over nk keys at
@@ -216,6 +220,8 @@ struct AttnCase {
   bool head_scales = false;  /* random per-KV-head k/v scales (fp8 caches use them), passed to
                                 the forward and the caller's writes; the scalars then differ */
   bool sized_opts = true;    /* init the options with _init_sized (false: the 0.1 init) */
+  bool tree = false;         /* random draft-tree masks (chains, empty segments, branching
+                                trees) on the decoder sequences of more than one new token */
   bool lse = false;
   bool strided_io = false;   /* non-compact q/k/v/out/lse with byte offsets */
   bool wrap_cache = false;   /* cache over test memory with padded strides */

@@ -26,6 +26,8 @@ void ref_attend(const RefParams& p, int64_t nq, const float* q, const int64_t* q
         if (p.causal) {
           visible = j <= qpos[i] && (p.window <= 0 || qpos[i] - j < p.window) &&
                     (p.chunk <= 0 || j / p.chunk == qpos[i] / p.chunk);
+          if (visible && p.tree && j >= p.tree_ctx)
+            visible = p.tree[(qpos[i] - p.tree_ctx) * p.tree_q + (j - p.tree_ctx)] != 0;
         }
         if (!visible) {
           s[j] = -INFINITY;
