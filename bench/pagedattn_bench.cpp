@@ -51,7 +51,11 @@ struct Options {
 void usage() {
   std::fprintf(stderr,
       "usage: pagedattn-bench [options]\n"
-      "  --mode decode|prefill|mixed|cache-write|copy-blocks   (default decode)\n"
+      "  --mode decode|prefill|mixed|verify|cache-write|copy-blocks   (default decode)\n"
+      "                        verify: each sequence checks --query draft tokens (5) after\n"
+      "                        --context cached ones under a binary draft tree (token j's\n"
+      "                        parent is (j-1)/2: depth 3 for 5), then alternates it with the\n"
+      "                        same batch's one-token decode and prints the time ratio\n"
       "  --backend NAME        cpu, onednn, cuda, hip, auto (default cpu)\n"
       "  --heads N --kv-heads N --head-size N --block-size N   (32 8 128 16)\n"
       "  --batch N             sequences (decode/mixed 16, prefill 4, cache-write 16)\n"
@@ -137,14 +141,20 @@ Options parse(int argc, char** argv) {
     }
   }
   const bool known = o.mode == "decode" || o.mode == "prefill" || o.mode == "mixed" ||
-                     o.mode == "cache-write" || o.mode == "copy-blocks";
+                     o.mode == "verify" || o.mode == "cache-write" || o.mode == "copy-blocks";
   if (!known) {
     std::fprintf(stderr, "pagedattn-bench: unknown mode %s\n", o.mode.c_str());
     std::exit(2);
   }
   if (o.batch < 0) o.batch = o.mode == "prefill" ? 4 : 16;
   if (o.context < 0) o.context = (o.mode == "prefill" || o.mode == "cache-write") ? 0 : 4096;
-  if (o.query < 0) o.query = o.mode == "prefill" ? 2048 : o.mode == "mixed" ? 512 : 256;
+  if (o.query < 0)
+    o.query = o.mode == "prefill" ? 2048 : o.mode == "mixed" ? 512 : o.mode == "verify" ? 5 : 256;
+  if (o.mode == "verify") {
+    // The naive baseline knows no tree masks: the suites judge the masks against float64.
+    o.check = false;
+    o.baseline_iters = 0;
+  }
   if (o.threads <= 0) o.threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
   if (o.iters < 1) o.iters = 1;
   if (o.scaling < 0) o.scaling = 0;
@@ -258,7 +268,8 @@ int main(int argc, char** argv) {
   }
   const int H = o.heads, Hkv = o.kv_heads, D = o.head_size, bs = o.block_size;
   const size_t dsz = pagedattn_dtype_size(dt), csz = pagedattn_dtype_size(cdt);
-  const bool attn = o.mode == "decode" || o.mode == "prefill" || o.mode == "mixed";
+  const bool attn =
+      o.mode == "decode" || o.mode == "prefill" || o.mode == "mixed" || o.mode == "verify";
 
   // ---- The case: sequences, block tables over shuffled, non-contiguous block ids. ----
   Case c;
@@ -268,7 +279,7 @@ int main(int argc, char** argv) {
     if (o.mode == "prefill") {
       ql = o.query;
       ctx = o.context;
-    } else if (o.mode == "mixed" && s == 0) {
+    } else if ((o.mode == "mixed" && s == 0) || o.mode == "verify") {
       ql = o.query;
       ctx = o.context;
     } else if (o.mode == "cache-write") {
@@ -433,6 +444,8 @@ int main(int argc, char** argv) {
   std::vector<double> sc_lib, sc_core, sc_stream, sc_paged, sc_t1, sc_tn;
   // --sinks: per round, the forward's time with sinks over its time without.
   std::vector<double> sink_ratio, sink_on, sink_off;
+  // --mode verify: per round, the verify step's time over the same batch's one-token decode.
+  std::vector<double> verify_ratio, verify_t, decode_t;
 
   if (attn) {
     pagedattn_batch_desc bdsc;
@@ -442,6 +455,28 @@ int main(int argc, char** argv) {
     bdsc.context_lens = c.ctxs.data();
     bdsc.block_tables = c.tables.data();
     bdsc.block_table_stride = c.table_stride;
+    // verify: a binary draft tree per sequence (token j sees itself and its ancestors).
+    std::vector<uint8_t> tree_bits;
+    std::vector<int64_t> tree_ip(1, 0);
+    if (o.mode == "verify") {
+      CHECK(pagedattn_batch_desc_init_sized(&bdsc, sizeof bdsc));
+      bdsc.num_seqs = B;
+      bdsc.query_lens = c.qlens.data();
+      bdsc.context_lens = c.ctxs.data();
+      bdsc.block_tables = c.tables.data();
+      bdsc.block_table_stride = c.table_stride;
+      for (int s = 0; s < B; ++s) {
+        const int q = c.qlens[s];
+        const size_t base = tree_bits.size();
+        tree_bits.resize(base + (size_t)(q * q + 7) / 8, 0);
+        for (int r = 0; r < q; ++r)
+          for (int a = r; a >= 0; a = a == 0 ? -1 : (a - 1) / 2)
+            tree_bits[base + (size_t)(r * q + a) / 8] |= (uint8_t)(1u << ((r * q + a) % 8));
+        tree_ip.push_back((int64_t)tree_bits.size());
+      }
+      bdsc.tree_mask = tree_bits.data();
+      bdsc.tree_mask_indptr = tree_ip.data();
+    }
     pagedattn_batch* batch = nullptr;
     CHECK(pagedattn_batch_create(&batch, be, cache, nullptr, &bdsc));
     const int64_t T = c.tokens;
@@ -483,6 +518,37 @@ int main(int argc, char** argv) {
       lib_cpu = cpu_seconds() - c0;
       lib_wall = now_s() - w0;
       remeasure();
+    }
+    if (o.mode == "verify") {
+      // The same sequences' one-token decode (the token after the context), alternating with
+      // the verify step: what reading K/V once for every draft costs over reading it for one.
+      std::vector<int32_t> ones(B, 1);
+      pagedattn_batch_desc dd;
+      CHECK(pagedattn_batch_desc_init(&dd));
+      dd.num_seqs = B;
+      dd.query_lens = ones.data();
+      dd.context_lens = c.ctxs.data();
+      dd.block_tables = c.tables.data();
+      dd.block_table_stride = c.table_stride;
+      pagedattn_batch* dec = nullptr;
+      CHECK(pagedattn_batch_create(&dec, be, cache, nullptr, &dd));
+      Progress pr("verify/decode");
+      for (int i = 0; i < n; ++i) {
+        double t[2];
+        for (int which = 0; which < 2; ++which) {
+          const double t0 = now_s();
+          CHECK(pagedattn_forward(be, which ? batch : dec, cache, i % L, &ao, &q.t, &k.t, &v.t,
+                                  &out.t, nullptr, nullptr));
+          t[which] = now_s() - t0;
+        }
+        if (i >= o.warmup) {
+          decode_t.push_back(t[0]);
+          verify_t.push_back(t[1]);
+          verify_ratio.push_back(t[1] / t[0]);
+        }
+        pr.tick(i + 1, n);
+      }
+      pagedattn_batch_destroy(dec);
     }
     if (o.sinks) {
       // The same forward without and with sinks, alternating, so both see the same machine.
@@ -747,6 +813,12 @@ int main(int argc, char** argv) {
   std::fprintf(txt, "  time: median %.3f ms  [min %.3f, p25 %.3f, p75 %.3f, max %.3f] over %d"
                " iters (%d warm-up)\n", med * 1e3, st.min * 1e3, st.p25 * 1e3, st.p75 * 1e3,
                st.max * 1e3, st.n, o.warmup);
+  const Stats s_verify = stats_of(verify_ratio);
+  if (!verify_ratio.empty())
+    std::fprintf(txt, "  verify/decode: median %.3f / %.3f ms, ratio %.3fx (median of %d alternating"
+                 " rounds) [p25 %.3f, p75 %.3f]\n", stats_of(verify_t).median * 1e3,
+                 stats_of(decode_t).median * 1e3, s_verify.median, s_verify.n, s_verify.p25,
+                 s_verify.p75);
   const Stats s_sink = stats_of(sink_ratio);
   if (!sink_ratio.empty())
     std::fprintf(txt, "  sinks on/off: median %.3f / %.3f ms, ratio %.3fx (median of %d alternating"
@@ -830,7 +902,7 @@ int main(int argc, char** argv) {
         "\"paged_ratio\":%.4f,\"cpu_target\":\"%s\",\"scaling_rounds\":%d,"
         "\"scaling_lib\":%.4f,\"scaling_core\":%.4f,\"scaling_stream\":%.4f,"
         "\"scaling_paged\":%.4f,\"scaling_t1_median_s\":%.9g,\"scaling_tn_median_s\":%.9g,"
-        "\"sinks_ratio\":%.4f}\n",
+        "\"sinks_ratio\":%.4f,\"verify_ratio\":%.4f}\n",
         o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs, B,
         o.context, o.query, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt), o.layout.c_str(),
         L, o.iters, o.warmup, med, st.min, st.p25, st.p75, st.max, bytes, bps, flops,
@@ -839,7 +911,7 @@ int main(int argc, char** argv) {
         llc, bw_ratio_best, gemm_ratio_best, cpu_share, paged.bytes_per_s, paged_ratio,
         getenv("PAGEDATTN_CPU_TARGET") ? getenv("PAGEDATTN_CPU_TARGET") : "default", o.scaling,
         s_lib.median, s_core.median, s_stream.median, s_paged.median, stats_of(sc_t1).median,
-        stats_of(sc_tn).median, s_sink.median);
+        stats_of(sc_tn).median, s_sink.median, s_verify.median);
   }
 
   pagedattn_kv_cache_destroy(cache);

@@ -528,7 +528,7 @@ HWY_INLINE bool dp_eligible(const AttnItem& it) {
   const int rows = (it.h1 - it.h0) * (it.tok1 - it.tok0);
   if (it.kv_heads > 1) {  // planned for this path (multi_head_decode_ok)
     if (it.tok1 - it.tok0 != 1 || rows > kMaxRows) return false;
-  } else if (rows >= 16) {
+  } else if (rows >= 16 && !(it.tok1 - it.tok0 <= 8 && rows <= 64)) {
     return false;
   }
   if (it.head_size > kMaxHeadSize) return false;

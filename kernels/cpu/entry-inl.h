@@ -129,7 +129,7 @@ void AttentionItem(const AttnItem& it, Scratch* sc, int dp) {
   }
 #ifdef PA_DP
   if (dp && it.kv_heads <= 1 && (it.h1 - it.h0) * (it.tok1 - it.tok0) >= 16 &&
-      dp_wide_eligible(it)) {
+      dp_wide_eligible(it) && !dp_eligible(it)) {
     switch (it.kv.dtype) {
       case PAGEDATTN_DTYPE_BFLOAT16: AttentionItemWideDp<PAGEDATTN_DTYPE_BFLOAT16>(it, sc, dp == 2); return;
       case PAGEDATTN_DTYPE_FP8_E4M3: AttentionItemWideDp<PAGEDATTN_DTYPE_FP8_E4M3>(it, sc, dp == 2); return;
