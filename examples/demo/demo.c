@@ -7,9 +7,15 @@
  * Every layer's attention runs over the paged cache; q/k/v are random (this is an attention
  * library's demo, not a model). Finished requests give their blocks back.
  *
+ * With --speculative K, every decode verifies K draft tokens in the same step (EAGLE/Medusa
+ * style): the current token and its drafts form a tree (a main chain plus alternative branches)
+ * passed as the batch's tree mask, K/V are read once for all of them, and a random prefix of the
+ * chain is accepted; the rejected drafts' slots are overwritten by later steps.
+ *
  * Every --check-every steps one token of one sequence is recomputed here in float64 from the
- * keys and values read back from the cache, for all heads of one layer; an error above the
- * bfloat16 tolerance (2e-2, max |out - ref| / max |ref|) makes the demo exit non-zero.
+ * keys and values read back from the cache (over the keys its tree lets it see), for all heads
+ * of one layer; an error above the bfloat16 tolerance (2e-2, max |out - ref| / max |ref|) makes
+ * the demo exit non-zero.
  *
  * The tensors live in host memory, so the backend must compute on the CPU ("cpu", "onednn").
  */
@@ -33,6 +39,7 @@
 
 typedef struct config {
   int layers, max_steps, threads, requests, budget, max_seqs, blocks, check_every, quiet;
+  int speculative; /* draft tokens verified per decode (0: plain decode) */
   int prompt_min, prompt_max, output_min, output_max;
   uint64_t seed;
   const char* backend;
@@ -53,6 +60,7 @@ static void usage(FILE* f) {
           "  --blocks N       cache blocks (default 512)\n"
           "  --layout L       cache layout: nhd or hnd (default nhd)\n"
           "  --check-every N  float64 spot check every N steps (default 8; 0: never)\n"
+          "  --speculative K  verify K draft tokens per decode under a tree mask (default 0)\n"
           "  --quiet          no per-step lines\n"
           "Model: %d query heads, %d KV heads, head size %d, block size %d, bfloat16.\n",
           NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE);
@@ -105,6 +113,8 @@ static int parse_args(int argc, char** argv, config* c) {
       ok = parse_int(a, v, 1, 1 << 24, &c->blocks);
     } else if (!strcmp(a, "--check-every")) {
       ok = parse_int(a, v, 0, 1000000, &c->check_every);
+    } else if (!strcmp(a, "--speculative")) {
+      ok = parse_int(a, v, 0, 15, &c->speculative);
     } else {
       fprintf(stderr, "pagedattn-demo: unknown or incomplete option '%s'\n", a);
       usage(stderr);
@@ -181,6 +191,8 @@ typedef struct request {
   int prefill_end;    /* tokens below this position count as prefill (recompute included) */
   int state;
   int step_tokens;    /* tokens scheduled this step (0: not scheduled) */
+  int drafts;         /* of them, draft tokens verified under a tree (--speculative) */
+  int chain;          /* the tree's main chain: its tokens 0..chain-1 (the current one first) */
   int num_blocks;
   int32_t* table;     /* [max_blocks_per_seq] */
 } request;
@@ -246,6 +258,15 @@ static void schedule(engine* e) {
       const int is_decode = r->known - r->computed == 1;
       if (r->step_tokens > 0 || is_decode != (pass == 0)) continue;
       int n = r->known - r->computed;
+      /* A decode verifies up to --speculative drafts, no more than its output can still take. */
+      int drafts = 0;
+      if (is_decode && e->cfg.speculative > 0) {
+        drafts = r->output_len - r->generated - 1;
+        if (drafts > e->cfg.speculative) drafts = e->cfg.speculative;
+        if (drafts > budget - 1) drafts = budget - 1;
+        if (drafts < 0) drafts = 0;
+        n += drafts;
+      }
       if (n > budget) n = budget;
       int need = blocks_for(r->computed + n) - r->num_blocks;
       int self_preempted = 0;
@@ -264,6 +285,7 @@ static void schedule(engine* e) {
       }
       pool_grow(&e->pool, r, r->computed + n);
       r->step_tokens = n;
+      r->drafts = drafts;
       e->sched[e->num_sched++] = (int)(r - e->reqs);
       budget -= n;
     }
@@ -280,6 +302,7 @@ static void schedule(engine* e) {
     e->running[e->num_running++] = (int)(r - e->reqs);
     pool_grow(&e->pool, r, n);
     r->step_tokens = n;
+    r->drafts = 0;
     e->sched[e->num_sched++] = (int)(r - e->reqs);
     budget -= n;
   }
@@ -292,13 +315,21 @@ typedef struct check_result {
   int ok;
 } check_result;
 
+/* Whether new token r of a step's q x q tree mask (LSB-first bits) sees new token j. */
+static int tree_bit(const uint8_t* bits, int q, int r, int j) {
+  const int b = r * q + j;
+  return (bits[b / 8] >> (b % 8)) & 1;
+}
+
 /* Recomputes row `row` (token at absolute position `pos` of request r) of one layer's output for
  * every head, from the keys/values read back from the cache, and checks that the step's new key
- * and value landed in the cache unchanged. */
+ * and value landed in the cache unchanged. With a tree (the sequence's q x q mask; its new
+ * tokens start at position ctx), a new token sees only the new tokens its row lets it see. */
 static check_result spot_check(const engine* e, pagedattn_kv_cache* cache, const request* r,
                                int layer, int64_t row, int pos, const uint16_t* q,
                                const uint16_t* k_new, const uint16_t* v_new, const uint16_t* out,
-                               uint16_t* readback, uint64_t bytes_per_block, double* scores) {
+                               uint16_t* readback, uint64_t bytes_per_block, double* scores,
+                               const uint8_t* tree, int tree_q, int ctx) {
   check_result res = {0.0, 0};
   const int nkeys = pos + 1;
   const int nblk = blocks_for(nkeys);
@@ -334,6 +365,10 @@ static check_result spot_check(const engine* e, pagedattn_kv_cache* cache, const
     const uint16_t* qh = q + ((size_t)row * NUM_HEADS + h) * HEAD_SIZE;
     double mx = -INFINITY, sum = 0.0;
     for (int t = 0; t < nkeys; ++t) {
+      if (tree != NULL && t >= ctx && !tree_bit(tree, tree_q, pos - ctx, t - ctx)) {
+        scores[t] = -INFINITY;
+        continue;
+      }
       const uint16_t* kt = CACHE_AT(0, t, kvh);
       double dot = 0.0;
       for (int d = 0; d < HEAD_SIZE; ++d) dot += bf16_to_f64(qh[d]) * bf16_to_f64(kt[d]);
@@ -383,6 +418,8 @@ int main(int argc, char** argv) {
   uint16_t *pool = NULL, *out = NULL, *readback = NULL;
   int32_t *qlens = NULL, *clens = NULL, *tables = NULL;
   double* scores = NULL;
+  uint8_t* tree_bits = NULL;  /* --speculative: this step's tree masks */
+  int64_t* tree_ip = NULL;
   int exit_code = 1;
   uint64_t rng = cfg.seed * 0x9E3779B97F4A7C15ULL + 1;
 
@@ -460,6 +497,9 @@ int main(int argc, char** argv) {
          (double)bytes_per_block * cfg.blocks / (1024.0 * 1024.0),
          cfg.requests, cfg.prompt_min, cfg.prompt_max, cfg.output_min, cfg.output_max,
          cfg.budget, (unsigned long long)cfg.seed);
+  if (cfg.speculative > 0)
+    printf("speculative decoding: each decode verifies up to %d draft tokens under a tree mask\n",
+           cfg.speculative);
 
   /* q/k/v of each layer are random windows of one pool of random bf16 values: generating fresh
    * numbers per layer would cost more than the attention being shown. */
@@ -472,7 +512,12 @@ int main(int argc, char** argv) {
   clens = malloc((size_t)cfg.requests * sizeof *clens);
   tables = malloc((size_t)cfg.requests * (size_t)e.max_blocks_per_seq * sizeof *tables);
   scores = malloc((size_t)max_total * sizeof *scores);
-  if (!pool || !out || !readback || !qlens || !clens || !tables || !scores) {
+  /* A decode's tree: the current token and its drafts, (K+1)^2 bits. */
+  const int64_t tree_bytes_per_seq = ((int64_t)(cfg.speculative + 1) * (cfg.speculative + 1) + 7) / 8;
+  tree_bits = calloc((size_t)cfg.max_seqs * (size_t)tree_bytes_per_seq, 1);
+  tree_ip = calloc((size_t)cfg.requests + 1, sizeof *tree_ip);
+  if (!pool || !out || !readback || !qlens || !clens || !tables || !scores || !tree_bits ||
+      !tree_ip) {
     fprintf(stderr, "pagedattn-demo: out of memory\n");
     goto done;
   }
@@ -487,7 +532,7 @@ int main(int argc, char** argv) {
   aopts.head_size = HEAD_SIZE;
   aopts.write_kv = 1;
 
-  long long prefill_tokens = 0, decode_tokens = 0;
+  long long prefill_tokens = 0, decode_tokens = 0, drafts_verified = 0, drafts_accepted = 0;
   int served = 0, steps = 0, next_arrival = 0, num_checks = 0;
   double attn_time = 0.0, worst_err = 0.0;
   const double t_start = now_s();
@@ -519,11 +564,35 @@ int main(int argc, char** argv) {
       n_decode += r->step_tokens - pre;
       n_prefill_seqs += pre > 0;
     }
-
+    /* --speculative: each verifying decode's tree. Token 0 is the current token; tokens
+     * 0..chain-1 form the main chain (each the child of the one before), the other drafts are
+     * alternatives hanging off a random chain token. A token sees itself and its ancestors. */
+    tree_ip[0] = 0;
+    for (int i = 0; i < e.num_sched; ++i) {
+      request* r = &e.reqs[e.sched[i]];
+      tree_ip[i + 1] = tree_ip[i];
+      if (r->drafts == 0) continue;
+      const int q = r->step_tokens;
+      uint8_t* bits = tree_bits + tree_ip[i];
+      memset(bits, 0, (size_t)tree_bytes_per_seq);
+      r->chain = 1 + (r->drafts + 1) / 2;
+      int parent[16];
+      for (int j = 0; j < q; ++j) {
+        parent[j] = j == 0 ? -1 : j < r->chain ? j - 1 : rng_range(&rng, 0, r->chain - 2);
+        for (int a = j; a >= 0; a = parent[a]) bits[(j * q + a) / 8] |= (uint8_t)(1u << ((j * q + a) % 8));
+      }
+      tree_ip[i + 1] = tree_ip[i] + tree_bytes_per_seq;
+    }
     const double t0 = now_s();
     pagedattn_batch_desc bdesc;
-    if (!report("pagedattn_batch_desc_init", pagedattn_batch_desc_init(&bdesc))) goto done;
+    if (!report("pagedattn_batch_desc_init_sized",
+                pagedattn_batch_desc_init_sized(&bdesc, sizeof bdesc)))
+      goto done;
     bdesc.num_seqs = e.num_sched;
+    if (cfg.speculative > 0) {
+      bdesc.tree_mask = tree_bits;
+      bdesc.tree_mask_indptr = tree_ip;
+    }
     bdesc.query_lens = qlens;
     bdesc.context_lens = clens;
     bdesc.block_tables = tables;
@@ -535,6 +604,7 @@ int main(int argc, char** argv) {
       bdesc.max_num_tokens = cfg.budget;
       bdesc.max_blocks_per_seq = e.max_blocks_per_seq;
       bdesc.max_seq_len = max_total;
+      bdesc.max_tree_mask_bytes = cfg.speculative > 0 ? cfg.max_seqs * tree_bytes_per_seq : 0;
       if (!report("pagedattn_batch_create",
                   pagedattn_batch_create(&batch, backend, cache, NULL, &bdesc)))
         goto done;
@@ -553,6 +623,7 @@ int main(int argc, char** argv) {
     const int check_layer = check ? rng_range(&rng, 0, cfg.layers - 1) : -1;
     const int check_seq = check ? rng_range(&rng, 0, e.num_sched - 1) : 0;
     const int check_tok = check ? rng_range(&rng, 0, qlens[check_seq] - 1) : 0;
+    const int check_tree = check && e.reqs[e.sched[check_seq]].drafts > 0;
     double check_time = 0.0;
 
     int64_t q_shape[3] = {num_tokens, NUM_HEADS, HEAD_SIZE};
@@ -587,13 +658,15 @@ int main(int argc, char** argv) {
         const int64_t row = qstart[check_seq] + check_tok;
         const int pos = r->computed + check_tok;
         check_result cr = spot_check(&e, cache, r, layer, row, pos, qd, kd, vd, out, readback,
-                                     bytes_per_block, scores);
+                                     bytes_per_block, scores,
+                                     check_tree ? tree_bits + tree_ip[check_seq] : NULL,
+                                     qlens[check_seq], r->computed);
         ++num_checks;
         if (!(cr.rel_err <= worst_err)) worst_err = cr.rel_err;
         if (!cfg.quiet || !cr.ok) {
-          printf("  check: step %d layer %d request %d position %d (%d keys), all %d heads: "
+          printf("  check: step %d layer %d request %d position %d (%d keys%s), all %d heads: "
                  "max rel err %.2e %s\n", steps, layer, e.sched[check_seq], pos, pos + 1,
-                 NUM_HEADS, cr.rel_err, cr.ok ? "ok" : "FAILED");
+                 check_tree ? ", draft tree" : "", NUM_HEADS, cr.rel_err, cr.ok ? "ok" : "FAILED");
         }
         if (!cr.ok) {
           fprintf(stderr, "pagedattn-demo: spot check failed (tolerance %.0e)\n", BF16_TOLERANCE);
@@ -609,6 +682,24 @@ int main(int argc, char** argv) {
     int finished = 0;
     for (int i = 0; i < e.num_sched; ++i) {
       request* r = &e.reqs[e.sched[i]];
+      if (r->drafts > 0) {
+        /* Accept the current token and a random prefix of the chain's drafts; the model's
+         * next token comes with them, and the rejected drafts' slots are written over later. */
+        const int a = rng_range(&rng, 1, r->chain);
+        drafts_verified += r->drafts;
+        drafts_accepted += a - 1;
+        r->computed += a;
+        r->generated += a;
+        r->known = r->computed + 1;
+        r->step_tokens = r->drafts = 0;
+        if (r->generated == r->output_len) {
+          r->state = DONE;
+          pool_release(&e.pool, r);
+          ++finished;
+          ++served;
+        }
+        continue;
+      }
       r->computed += r->step_tokens;
       r->step_tokens = 0;
       if (r->computed == r->known) {
@@ -644,6 +735,9 @@ int main(int argc, char** argv) {
   printf("\nserved %d/%d requests in %d steps (%d preemptions)\n", served, cfg.requests, steps,
          e.preemptions);
   printf("tokens: %lld prefill + %lld decode = %lld\n", prefill_tokens, decode_tokens, total);
+  if (cfg.speculative > 0)
+    printf("speculative: %lld draft tokens verified, %lld accepted\n", drafts_verified,
+           drafts_accepted);
   printf("attention: %.2f s for %d layers = %.0f tokens/s (wall %.2f s with the demo's checks)\n",
          attn_time, cfg.layers, attn_time > 0 ? (double)total / attn_time : 0.0, wall);
   printf("peak cache blocks used: %d/%d (%.0f%%)\n", e.pool.peak_used, e.pool.total,
@@ -668,6 +762,8 @@ done:
   free(clens);
   free(tables);
   free(scores);
+  free(tree_bits);
+  free(tree_ip);
   free(table_mem);
   free(e.reqs);
   free(e.waiting);
