@@ -65,9 +65,9 @@ pagedattn_status guard(F&& f) noexcept {
 /* Raises the status a backend op returned, prefixing its message with the backend's name. */
 void check_op(pagedattn_status st, const char* backend, const char* op, const char* msg);
 
-/* Known struct sizes: from the first published layout (first_size) up to this library's sizeof;
- * a size larger than this library knows (a newer caller's fields it cannot honour) is refused
- * too. */
+/* Known struct sizes: the first published layout (first_size) and this library's sizeof, and
+ * nothing between (a size cutting a field short would read part of it); a size larger than this
+ * library knows (a newer caller's fields it cannot honour) is refused too. */
 void check_struct_size(uint32_t size, size_t first, size_t current, const char* name);
 
 /* The size of a struct's first published layout: sizeof for a struct that has not grown. */

@@ -66,10 +66,17 @@ void check_op(pagedattn_status st, const char* backend, const char* op, const ch
 void check_struct_size(uint32_t size, size_t first, size_t current, const char* name) {
   if (size < first)
     fail(PAGEDATTN_ERROR_STRUCT_SIZE, "%s->struct_size = %u < minimum %zu", name, size, first);
-  if (size > current)
+  /* Only a published layout: a size between two would cut a later field (a pointer) short. */
+  if (size != first && size != current) {
+    if (first == current)
+      fail(PAGEDATTN_ERROR_STRUCT_SIZE,
+           "%s->struct_size = %u is not a known size (this library knows %zu)", name, size,
+           current);
     fail(PAGEDATTN_ERROR_STRUCT_SIZE,
-         "%s->struct_size = %u is not a known size (this library knows sizes %zu..%zu)", name,
-         size, first, current);
+         "%s->struct_size = %u is not a known size (this library knows %zu, the 0.1 layout, and "
+         "%zu)",
+         name, size, first, current);
+  }
 }
 
 const char* dtype_name(pagedattn_dtype dt) noexcept {

@@ -231,6 +231,9 @@ TEST(Inits, AttentionOptionsSizes) {
                         "opts->struct_size = 8"));
   EXPECT_TRUE(status_is(pagedattn_attention_options_init_sized(o, sizeof *o + 8),
                         PAGEDATTN_ERROR_STRUCT_SIZE, "is not a known size"));
+  // Between the two layouts: it would cut the sinks pointer short.
+  EXPECT_TRUE(status_is(pagedattn_attention_options_init_sized(o, static_cast<uint32_t>(v01 + 4)),
+                        PAGEDATTN_ERROR_STRUCT_SIZE, "is not a known size"));
   EXPECT_TRUE(status_is(pagedattn_attention_options_init_sized(nullptr, sizeof *o),
                         PAGEDATTN_ERROR_NULL_POINTER, "opts is NULL"));
 }

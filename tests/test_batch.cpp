@@ -623,6 +623,9 @@ TEST_F(Batch, DescInitSizesAndOldStructSize) {
                         "desc->struct_size = 8"));
   EXPECT_TRUE(status_is(pagedattn_batch_desc_init_sized(d, sizeof *d + 8),
                         PAGEDATTN_ERROR_STRUCT_SIZE, "is not a known size"));
+  // Between the two layouts: it would cut a pointer of the SEQ form short.
+  EXPECT_TRUE(status_is(pagedattn_batch_desc_init_sized(d, static_cast<uint32_t>(v01 + 12)),
+                        PAGEDATTN_ERROR_STRUCT_SIZE, "is not a known size"));
   EXPECT_TRUE(status_is(pagedattn_batch_desc_init_sized(nullptr, sizeof *d),
                         PAGEDATTN_ERROR_NULL_POINTER, "desc is NULL"));
 

@@ -1,5 +1,5 @@
 /* Fuzz target (a): batch building and planning (pagedattn_batch_create / _update) from arbitrary
- * lengths, block tables, slot mappings, cross tables and capacities. Every input array is a
+ * lengths, block tables, slot mappings, cross tables, draft-tree masks and capacities. Every input array is a
  * guarded buffer of exactly the size the call may read; on failure nothing may change (the out
  * handle, the inputs, an updated batch's contents); on success the plan must only point inside
  * the cache (every used block id < num_blocks, every slot in [-1, num_blocks*block_size)) and
@@ -70,7 +70,7 @@ struct Geo {
 
 /* A caller's batch description with its arrays, built from fuzzer bytes. */
 struct Desc {
-  std::unique_ptr<Guarded> desc_mem, qlens, clens, tables, slots, elens, ctables;
+  std::unique_ptr<Guarded> desc_mem, qlens, clens, tables, slots, elens, ctables, tree, tree_ip;
   std::vector<std::vector<uint8_t>> snaps;
   pagedattn_batch_desc* d = nullptr;
   bool skip = false; /* the description claims more memory than the fuzzer hands over */
@@ -90,7 +90,8 @@ struct Desc {
     }
   }
   std::vector<Guarded*> all() {
-    return {qlens.get(), clens.get(), tables.get(), slots.get(), elens.get(), ctables.get()};
+    return {qlens.get(), clens.get(), tables.get(), slots.get(), elens.get(), ctables.get(),
+            tree.get(), tree_ip.get()};
   }
 };
 
@@ -193,6 +194,46 @@ void build(Desc& out, Input& in, const Geo& g, bool cross_cache) {
     }
     out.ctables = int_array(in, cext, false, g.num_blocks);
     d->cross_block_tables = reinterpret_cast<int32_t*>(out.ctables->data());
+  }
+  if (in.u8() < 64) {
+    /* Draft-tree masks: mostly well-formed trees (every row sees itself and its ancestors) with
+     * empty segments among them, then bytes and offsets as the fuzzer leaves them. The bits
+     * buffer holds exactly the largest offset: what a caller's indptr promises. */
+    out.tree_ip = std::make_unique<Guarded>(static_cast<size_t>(n + 1) * 8);
+    auto* ip = reinterpret_cast<int64_t*>(out.tree_ip->data());
+    ip[0] = 0;
+    std::vector<std::vector<uint8_t>> segs(static_cast<size_t>(n));
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t qi = std::max(q[i], 0);
+      if (qi <= 64 && in.u8() < 192) {
+        std::vector<uint8_t>& b = segs[static_cast<size_t>(i)];
+        b.assign(static_cast<size_t>((qi * qi + 7) / 8), 0);
+        std::vector<int32_t> parent(static_cast<size_t>(qi), -1);
+        for (int32_t r = 0; r < qi; ++r) {
+          parent[static_cast<size_t>(r)] = r == 0 || in.u8() < 64 ? -1 : in.range(0, r - 1);
+          for (int32_t a = r; a >= 0; a = parent[static_cast<size_t>(a)])
+            b[static_cast<size_t>((r * qi + a) / 8)] |= static_cast<uint8_t>(1u << ((r * qi + a) % 8));
+        }
+      }
+      ip[i + 1] = ip[i] + static_cast<int64_t>(segs[static_cast<size_t>(i)].size());
+    }
+    const uint8_t how = in.u8();
+    if (how >= 224 && n > 0) ip[in.range(0, n)] = in.near_i64(ip[in.range(0, n)]);
+    int64_t extent = 0;
+    for (int32_t i = 0; i <= n; ++i) extent = std::max(extent, ip[i]);
+    if (extent > kMaxEntries) {
+      out.skip = true;
+      return;
+    }
+    out.tree = std::make_unique<Guarded>(static_cast<size_t>(extent));
+    uint8_t* bits = out.tree->data();
+    for (int32_t i = 0; i < n; ++i)
+      for (size_t j = 0; j < segs[static_cast<size_t>(i)].size() && ip[i] + static_cast<int64_t>(j) < extent; ++j)
+        if (ip[i] >= 0) bits[ip[i] + static_cast<int64_t>(j)] = segs[static_cast<size_t>(i)][j];
+    if (how >= 192 && how < 224 && extent > 0) bits[in.range(0, static_cast<int32_t>(extent) - 1)] ^= in.u8();
+    d->tree_mask = how == 191 ? nullptr : bits;
+    d->tree_mask_indptr = how == 190 ? nullptr : ip;
+    d->max_tree_mask_bytes = in.u8() < 200 ? 0 : capacity(in, extent, 64);
   }
   if (in.u8() < 96) {
     /* Any size: the host tables, slots and lengths they size are charged to memory_limit

@@ -5,6 +5,8 @@
  * options unchanged; a refused call wrote nothing (out, lse, cache); an accepted one wrote out/lse
  * only inside their elements and the cache only at the batch's slots of that layer. */
 #include <algorithm>
+#include <cmath>
+#include <cstddef>
 #include <memory>
 #include <set>
 #include <string>
@@ -160,7 +162,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Guarded opt_mem(sizeof(pagedattn_attention_options));
   auto* o = reinterpret_cast<pagedattn_attention_options*>(opt_mem.data());
   pagedattn_attention_options_init(o);
-  o->struct_size = static_cast<uint32_t>(in.near_i32(static_cast<int32_t>(sizeof *o)));
+  /* The 0.1 layout or this one (anything else is refused); a 0.1-sized struct's later fields,
+   * set below all the same, must not be read. */
+  const uint32_t v01 = static_cast<uint32_t>(offsetof(pagedattn_attention_options, sinks));
+  o->struct_size = in.u8() < 32 ? v01
+                                : static_cast<uint32_t>(in.near_i32(static_cast<int32_t>(sizeof *o)));
+  const bool sized = o->struct_size == sizeof *o;
   o->num_heads = in.near_i32(H);
   o->num_kv_heads = in.near_i32(Hkv);
   o->head_size = in.near_i32(D);
@@ -181,6 +188,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::memcpy(slopes.mem->data() + i, &s, 4);
       }
     o->alibi_slopes = &slopes.t;
+  }
+  /* The 0.2 fields: sinks (any float), a chunk, per-head scales (some not finite and > 0). */
+  FTensor sinks, khs, vhs;
+  bool bad_scale = false;
+  if (in.u8() >= 192) {
+    paf::make_tensor(sinks, in, {H}, paf::dl_of(PAGEDATTN_DTYPE_FLOAT32), false);
+    if (sinks.mem)
+      for (size_t i = 0; i + 3 < sinks.mem->size(); i += 4) {
+        const float s = odd_float(in, 0.5f * static_cast<float>(in.u8() % 9) - 2.0f);
+        std::memcpy(sinks.mem->data() + i, &s, 4);
+      }
+    o->sinks = &sinks.t;
+  }
+  o->attention_chunk = in.u8() < 200 ? 0 : in.near_i32(in.range(1, 20));
+  for (FTensor* hs : {&khs, &vhs}) {
+    if (in.u8() < 208) continue;
+    paf::make_tensor(*hs, in, {Hkv}, paf::dl_of(PAGEDATTN_DTYPE_FLOAT32), false);
+    if (hs->mem)
+      for (size_t i = 0; i + 3 < hs->mem->size(); i += 4) {
+        const uint8_t m = in.u8();
+        const float s = m < 232 ? 0.25f * static_cast<float>(1 + m % 16) : odd_float(in, 0.0f);
+        /* Only the tensor's own elements are read: the padding's values do not matter. */
+        if (!hs->malformed && !hs->bad_dtype && i / 4 < static_cast<size_t>(Hkv) &&
+            hs->t.strides == nullptr && hs->t.byte_offset == 0)
+          bad_scale = bad_scale || !(std::isfinite(s) && s > 0.0f);
+        std::memcpy(hs->mem->data() + i, &s, 4);
+      }
+    (hs == &khs ? o->k_head_scales : o->v_head_scales) = &hs->t;
   }
 
   /* Tensors. */
@@ -217,6 +252,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (want_lse) all.push_back(&lse);
   if (o->alibi_slopes) all.push_back(&slopes);
+  if (sized)
+    for (FTensor* t : {&sinks, &khs, &vhs})
+      if (t->mem || t->malformed || t->bad_dtype || t->overflow || t->skip) all.push_back(t);
   /* q picks the model dtype: any float without a cache or with an fp8 one, else the cache's.
    * out (and k/v when read) must share it; lse and the slopes are float32 (make_tensor judged). */
   {
@@ -234,7 +272,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (t->malformed || t->bad_dtype || t->overflow) {
       must_fail = true;
       why += std::string(t == &q ? "q" : t == &out ? "out" : t == &k ? "k" : t == &v ? "v"
-                         : t == &lse ? "lse" : "alibi_slopes") +
+                         : t == &lse ? "lse" : t == &slopes ? "alibi_slopes"
+                         : t == &sinks ? "sinks" : "head scales") +
              (t->overflow ? " overflows; " : t->malformed ? " malformed; " : " dtype; ");
     }
   }
@@ -252,21 +291,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   need(o->num_kv_heads != Hkv, "num_kv_heads; ");
   need(o->head_size != D, "head_size; ");
   need(o->flags != 0, "flags; ");
-  need(o->struct_size != sizeof *o, "struct_size; ");
+  need(o->struct_size != sizeof *o && o->struct_size != v01, "struct_size; ");
+  need(sized && o->attention_chunk < 0, "attention_chunk < 0; ");
+  need(sized && o->attention_chunk > 0 && raw_type != PAGEDATTN_ATTENTION_DECODER,
+       "attention_chunk outside decoder; ");
   need(be_arg == nullptr, "backend NULL; ");
   if (skip && !must_fail) return 0;
 
-  for (FTensor* t : {&q, &k, &v, &out, &lse, &slopes}) t->snapshot();
+  /* A bad per-head scale is refused, unless the call fails first for another reason (a tensor
+   * checked earlier); it may not succeed. */
+  const bool scale_refused = sized && bad_scale;
+  for (FTensor* t : {&q, &k, &v, &out, &lse, &slopes, &sinks, &khs, &vhs}) t->snapshot();
   const auto osnap = opt_mem.snapshot();
   cache.snapshot();
   const pagedattn_status st =
       pagedattn_forward(be_arg, batch, cache_arg, layer, o, &q.t, pass_kv ? &k.t : nullptr,
                         pass_kv ? &v.t : nullptr, &out.t, want_lse ? &lse.t : nullptr, nullptr);
   paf::check_status(st, "forward");
-  for (FTensor* t : {&q, &k, &v, &out, &lse, &slopes}) t->check("forward");
+  for (FTensor* t : {&q, &k, &v, &out, &lse, &slopes, &sinks, &khs, &vhs}) t->check("forward");
   opt_mem.check("forward");
   PAF_CHECK(opt_mem.same(osnap), "forward changed the options");
-  for (FTensor* t : {&q, &k, &v, &slopes})
+  for (FTensor* t : {&q, &k, &v, &slopes, &sinks, &khs, &vhs})
     PAF_CHECK(t->unchanged(), "forward changed an input tensor");
   if (st != PAGEDATTN_OK) {
     PAF_CHECK(out.unchanged() && lse.unchanged(), "refused forward (%s) wrote out/lse",
@@ -275,6 +320,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
               pagedattn_status_string(st));
     return 0;
   }
+  PAF_CHECK(!scale_refused, "forward accepted a per-head scale that is not finite and > 0");
   PAF_CHECK(!must_fail, "forward accepted a bad call: %s(type %d, write_kv %d, T %lld, rows %lld)",
             why.c_str(), raw_type, o->write_kv, static_cast<long long>(T),
             static_cast<long long>(rows));
