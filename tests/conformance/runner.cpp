@@ -106,7 +106,8 @@ struct Case {
   std::string layout = "nhd", dst_layout;
   int num_layers = 1, layer = 0, num_blocks = 64, block_size = 16, num_heads = 4, num_kv_heads = 2,
       head_size = 64, opt_num_kv_heads = -1, write_kv = -1, sliding_window = 0, alibi = 0, lse = 0,
-      null_batch = 0, bad_table_entry = 0, table_stride = -1, bad_slot = 0, dst_num_blocks = -1;
+      null_batch = 0, bad_table_entry = 0, table_stride = -1, bad_slot = 0, dst_num_blocks = -1,
+      sinks = 0, sinks_len = -1, attention_chunk = 0, head_scales = 0, bad_head_scale = 0;
   float scale = 0, soft_cap = 0, k_scale = 1, v_scale = 1;
   std::vector<int32_t> query_lens, context_lens, encoder_lens, pairs;
 };
@@ -189,6 +190,11 @@ Case resolve(const RawCase& rc) {
     else if (k == "soft_cap") c.soft_cap = std::stof(one());
     else if (k == "sliding_window") c.sliding_window = i1();
     else if (k == "alibi") c.alibi = i1();
+    else if (k == "sinks") c.sinks = i1();
+    else if (k == "sinks_len") c.sinks_len = i1();
+    else if (k == "attention_chunk") c.attention_chunk = i1();
+    else if (k == "head_scales") c.head_scales = i1();
+    else if (k == "bad_head_scale") c.bad_head_scale = i1();
     else if (k == "lse") c.lse = i1();
     else if (k == "k_scale") c.k_scale = std::stof(one());
     else if (k == "v_scale") c.v_scale = std::stof(one());
@@ -208,6 +214,8 @@ Case resolve(const RawCase& rc) {
   if (c.write_kv < 0) c.write_kv = c.attention == "encoder_only" ? 0 : 1;
   if (c.dst_layout.empty()) c.dst_layout = c.layout;
   if (c.dst_num_blocks < 0) c.dst_num_blocks = c.num_blocks;
+  if (c.sinks_len < 0) c.sinks_len = c.num_heads;
+  if (c.bad_head_scale && !c.head_scales) die(c.name + ": bad_head_scale needs head_scales 1");
   if (c.context_lens.empty()) c.context_lens.assign(c.query_lens.size(), 0);
   if (c.context_lens.size() != c.query_lens.size()) die(c.name + ": context_lens size");
   if (!c.encoder_lens.empty() && c.encoder_lens.size() != c.query_lens.size()) die(c.name + ": encoder_lens size");
@@ -361,6 +369,20 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
   v.random(rng);
   std::vector<float> slopes(static_cast<size_t>(H));
   for (int h = 0; h < H; ++h) slopes[h] = static_cast<float>(std::pow(2.0, -8.0 * (h + 1) / H));
+  // Drawn after everything above, so that cases without these keys keep their inputs.
+  std::vector<float> sinks, khs, vhs;
+  if (c.sinks) {
+    sinks.resize(static_cast<size_t>(c.sinks_len));
+    for (float& s : sinks) s = static_cast<float>(1.0 + 3.0 * rng.uniform());  // [-2, 4)
+  }
+  if (c.head_scales) {
+    static const float kChoices[4] = {0.5f, 2.0f, 0.25f, 4.0f};
+    khs.resize(static_cast<size_t>(Hkv));
+    vhs.resize(static_cast<size_t>(Hkv));
+    for (float& s : khs) s = kChoices[rng.below(4)];
+    for (float& s : vhs) s = kChoices[rng.below(4)];
+    if (c.bad_head_scale) khs[0] = 0.0f;
+  }
   std::vector<int32_t> pairs = c.pairs;
 
   // Inputs to disk.
@@ -373,8 +395,13 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
     if (!enc_only) write_vec(dir + "/tables.bin", tables);
     if (cross) write_vec(dir + "/cross_tables.bin", xtables);
     if (c.alibi) write_vec(dir + "/alibi.bin", slopes);
+    if (c.sinks) write_vec(dir + "/sinks.bin", sinks);
   } else {
     write_vec(dir + "/pairs.bin", pairs);
+  }
+  if (c.head_scales) {
+    write_vec(dir + "/k_head_scales.bin", khs);
+    write_vec(dir + "/v_head_scales.bin", vhs);
   }
   if (num_ctx) {
     write_vec(dir + "/ctx_k.bin", ctx_k.bytes);
@@ -440,12 +467,16 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
       }
       Tensor ts(ctx_slots.data(), PAGEDATTN_DTYPE_FLOAT32, {num_ctx});
       ts.t.dtype = {PAGEDATTN_DLPACK_INT, 64, 1};
+      Tensor tks(khs.data(), PAGEDATTN_DTYPE_FLOAT32, {Hkv});
+      Tensor tvs(vhs.data(), PAGEDATTN_DTYPE_FLOAT32, {Hkv});
       bool ok = true;
       for (int l = 0; l < L && ok; ++l) {
         size_t off = static_cast<size_t>(l) * num_ctx * Hkv * D * dsize(c.dtype);
         Tensor tk(ctx_k.bytes.data() + off, c.dtype, {num_ctx, Hkv, D});
         Tensor tv(ctx_v.bytes.data() + off, c.dtype, {num_ctx, Hkv, D});
-        ok = check(pagedattn_kv_cache_write(cache, l, &tk.t, &tv.t, &ts.t, c.k_scale, c.v_scale, nullptr),
+        ok = check(c.head_scales
+                       ? pagedattn_kv_cache_write_scaled(cache, l, &tk.t, &tv.t, &ts.t, &tks.t, &tvs.t, nullptr)
+                       : pagedattn_kv_cache_write(cache, l, &tk.t, &tv.t, &ts.t, c.k_scale, c.v_scale, nullptr),
                    "kv_cache_write");
       }
       if (!ok) break;
@@ -473,7 +504,7 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
       if (!check(pagedattn_batch_get_slot_mapping(&sm, &count, batch), "batch_get_slot_mapping")) break;
       slots_seen.assign(sm, sm + count);
       pagedattn_attention_options o;
-      pagedattn_attention_options_init(&o);
+      pagedattn_attention_options_init_sized(&o, sizeof o);
       o.num_heads = H;
       o.num_kv_heads = c.opt_num_kv_heads;
       o.head_size = D;
@@ -486,6 +517,13 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
       o.v_scale = c.v_scale;
       Tensor ta(slopes.data(), PAGEDATTN_DTYPE_FLOAT32, {H});
       o.alibi_slopes = c.alibi ? &ta.t : nullptr;
+      Tensor tsk(sinks.data(), PAGEDATTN_DTYPE_FLOAT32, {c.sinks_len});
+      o.sinks = c.sinks ? &tsk.t : nullptr;
+      o.attention_chunk = c.attention_chunk;
+      Tensor tks(khs.data(), PAGEDATTN_DTYPE_FLOAT32, {Hkv});
+      Tensor tvs(vhs.data(), PAGEDATTN_DTYPE_FLOAT32, {Hkv});
+      o.k_head_scales = c.head_scales ? &tks.t : nullptr;
+      o.v_head_scales = c.head_scales ? &tvs.t : nullptr;
       Tensor tq(q.bytes.data(), c.dtype, {T, H, D});
       Tensor tk(k.bytes.data(), c.dtype, {kv_rows, Hkv, D});
       Tensor tv(v.bytes.data(), c.dtype, {kv_rows, Hkv, D});
@@ -558,11 +596,13 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
     write_vec(dir + "/out.bin", out);
     if (c.lse) write_vec(dir + "/lse.bin", lse);
     // x / scale in float, as the library must (a double quotient can fall on the other side of
-    // an fp8 rounding tie).
+    // an fp8 rounding tie). Per-head scales replace the scalars for head e / D of a row.
     auto deq = [&](double x, float sc) -> float {
       return is_fp8(c.cache_dtype) ? pat::round_to(c.cache_dtype, static_cast<float>(x) / sc) * sc
                                    : static_cast<float>(x);
     };
+    auto k_sc = [&](int64_t e) { return c.head_scales ? khs[static_cast<size_t>(e / D)] : c.k_scale; };
+    auto v_sc = [&](int64_t e) { return c.head_scales ? vhs[static_cast<size_t>(e / D)] : c.v_scale; };
     pat::RefParams rp;
     rp.H = H;
     rp.Hkv = Hkv;
@@ -572,6 +612,8 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
     rp.window = c.sliding_window;
     rp.causal = !cross && !encoder;
     rp.alibi = c.alibi && rp.causal ? slopes.data() : nullptr;
+    rp.sinks = c.sinks ? sinks.data() : nullptr;
+    rp.chunk = c.attention_chunk;
     std::vector<double> ref(static_cast<size_t>(T * H * D)), ref_lse(static_cast<size_t>(T * H));
     const int64_t row = static_cast<int64_t>(Hkv) * D;
     const int64_t loff = static_cast<int64_t>(c.layer) * num_ctx;
@@ -583,8 +625,8 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
       // Decoder and cross keys are read back from the cache; encoder types read k/v directly.
       auto push = [&](const Arr& ka, const Arr& va, int64_t r, bool through_cache) {
         for (int64_t e = 0; e < row; ++e) {
-          kk.push_back(through_cache ? deq(ka.val[r * row + e], c.k_scale) : static_cast<float>(ka.val[r * row + e]));
-          vv.push_back(through_cache ? deq(va.val[r * row + e], c.v_scale) : static_cast<float>(va.val[r * row + e]));
+          kk.push_back(through_cache ? deq(ka.val[r * row + e], k_sc(e)) : static_cast<float>(ka.val[r * row + e]));
+          vv.push_back(through_cache ? deq(va.val[r * row + e], v_sc(e)) : static_cast<float>(va.val[r * row + e]));
         }
       };
       if (cross) {
@@ -639,7 +681,9 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
        << "\ncontext_lens" << join(c.context_lens) << "\nencoder_lens" << join(c.encoder_lens)
        << "\nattention " << c.attention << "\nwrite_kv " << c.write_kv << "\nscale " << fmt_float(c.scale)
        << "\nsoft_cap " << fmt_float(c.soft_cap) << "\nsliding_window " << c.sliding_window << "\nalibi "
-       << c.alibi << "\nlse " << c.lse << "\nk_scale " << fmt_float(c.k_scale) << "\nv_scale "
+       << c.alibi << "\nsinks " << c.sinks << "\nsinks_len " << c.sinks_len << "\nattention_chunk "
+       << c.attention_chunk << "\nhead_scales " << c.head_scales << "\nbad_head_scale " << c.bad_head_scale
+       << "\nlse " << c.lse << "\nk_scale " << fmt_float(c.k_scale) << "\nv_scale "
        << fmt_float(c.v_scale) << "\nout_dtype " << dtype_key(c.out_dtype) << "\nnull_batch " << c.null_batch
        << "\nbad_table_entry " << c.bad_table_entry << "\ntable_stride " << (enc_only ? 0 : stride)
        << "\nbad_slot " << c.bad_slot << "\npairs" << join(c.pairs) << "\ndst_layout " << c.dst_layout

@@ -40,6 +40,9 @@ const (
 	FeatureHostSwap       Features = 1 << 9
 	FeatureGraphCapture   Features = 1 << 10
 	FeatureWrapCache      Features = 1 << 11
+	FeatureSinks          Features = 1 << 12 // attention sinks (AttentionOptions.Sinks)
+	FeatureChunkedLocal   Features = 1 << 13 // AttentionOptions.AttentionChunk
+	FeatureHeadScales     Features = 1 << 14 // per-KV-head fp8 scales (AttentionOptions, KVCache.WriteScaled)
 )
 
 // Has reports whether every bit of f is set.
@@ -192,6 +195,16 @@ type AttentionOptions struct {
 	AlibiSlopes                    *Tensor        // float32 [NumHeads] or nil (decoder)
 	Flags                          uint32         // reserved, must be 0
 	Stream                         unsafe.Pointer // CUDA/HIP stream; nil = default
+	// Sinks (gpt-oss): float32 [NumHeads] or nil. Sinks[h] is a logit that joins the softmax of
+	// every row of head h without a value; the row's lse includes it. Any attention type.
+	Sinks *Tensor
+	// AttentionChunk (Llama 4), decoder only: C > 0 lets the token at position p see only keys
+	// k <= p with k / C == p / C; 0 = off. With a sliding window both apply.
+	AttentionChunk int
+	// KHeadScales and VHeadScales are per-KV-head fp8 scales, float32 [NumKVHeads] or nil (then
+	// KScale / VScale): an fp8 cache loads head h as float(fp8) * scales[h], and a WriteKV
+	// stores fp8(x / scales[h]); other caches ignore them.
+	KHeadScales, VHeadScales *Tensor
 }
 
 // NewAttentionOptions returns the defaults (pagedattn_attention_options_init) for a shape.
@@ -221,7 +234,8 @@ func (b *Backend) Forward(a ForwardArgs) error {
 	if a.Options == nil || a.Q == nil || a.Out == nil {
 		return goError(NullPointer, "Options, Q and Out are required")
 	}
-	if err := checkTensors(a.Q, a.K, a.V, a.Out, a.LSE, a.Options.AlibiSlopes); err != nil {
+	o := a.Options
+	if err := checkTensors(a.Q, a.K, a.V, a.Out, a.LSE, o.AlibiSlopes, o.Sinks, o.KHeadScales, o.VHeadScales); err != nil {
 		return err
 	}
 	bp, err := b.handle().acquire()
@@ -243,7 +257,7 @@ func (b *Backend) Forward(a ForwardArgs) error {
 		defer a.Cache.h.release()
 	}
 	err = cForward(bp, tp, cp, a.Layer, a.Options, a.Q, a.K, a.V, a.Out, a.LSE)
-	keepAlive(a.Q, a.K, a.V, a.Out, a.LSE, a.Options.AlibiSlopes)
+	keepAlive(a.Q, a.K, a.V, a.Out, a.LSE, o.AlibiSlopes, o.Sinks, o.KHeadScales, o.VHeadScales)
 	return err
 }
 

@@ -5,6 +5,10 @@ import (
 )
 
 // BatchDesc lists one step's sequences. Nil slices are passed as NULL.
+//
+// The lengths come in one of two forms: QueryLens and ContextLens (the CONTEXT form), or SeqLens
+// and QueryStartLoc (the SEQ form, as vLLM v1 and FlashInfer hold them), the other form's slices
+// left nil. Both plan the same batch.
 type BatchDesc struct {
 	QueryLens             []int32 // new tokens per sequence; its length is the number of sequences
 	ContextLens           []int32 // tokens already cached per sequence
@@ -22,24 +26,56 @@ type BatchDesc struct {
 	MaxBlocksPerSeq     int
 	MaxNumEncoderTokens int64
 	MaxSeqLen           int64
+	// The SEQ form: context + new tokens per sequence (its length is then the number of
+	// sequences), and the len(SeqLens) + 1 row offsets (0, then the running sum of the query
+	// lengths).
+	SeqLens       []int32
+	QueryStartLoc []int32
+}
+
+// seqForm reports whether d carries its lengths in the SEQ form.
+func (d *BatchDesc) seqForm() bool { return d.SeqLens != nil || d.QueryStartLoc != nil }
+
+// numSeqs is the number of sequences d describes.
+func (d *BatchDesc) numSeqs() int {
+	if d.seqForm() {
+		return len(d.SeqLens)
+	}
+	return len(d.QueryLens)
 }
 
 // check verifies that every array is as long as the C side will read.
 func (d *BatchDesc) check() error {
-	n := len(d.QueryLens)
-	if len(d.ContextLens) != n {
-		return goError(InvalidArgument, "context_lens has %d entries, query_lens %d", len(d.ContextLens), n)
-	}
-	if d.BlockTables != nil && d.BlockTableStride > 0 && len(d.BlockTables) < n*d.BlockTableStride {
-		return goError(InvalidArgument, "block_tables has %d entries, needs %d", len(d.BlockTables), n*d.BlockTableStride)
-	}
-	if d.SlotMapping != nil {
-		tokens := 0
+	n := d.numSeqs()
+	tokens := 0
+	if d.seqForm() {
+		if d.QueryLens != nil || d.ContextLens != nil {
+			return goError(InvalidArgument, "pass QueryLens and ContextLens or SeqLens and QueryStartLoc, not both forms")
+		}
+		if d.SeqLens == nil || d.QueryStartLoc == nil {
+			return goError(InvalidArgument, "SeqLens and QueryStartLoc go together")
+		}
+		if len(d.QueryStartLoc) != n+1 {
+			return goError(InvalidArgument, "query_start_loc has %d entries, needs len(seq_lens) + 1 = %d", len(d.QueryStartLoc), n+1)
+		}
+		// The library checks the offsets before it reads a slot.
+		if last := d.QueryStartLoc[n]; last > 0 {
+			tokens = int(last)
+		}
+	} else {
+		if len(d.ContextLens) != n {
+			return goError(InvalidArgument, "context_lens has %d entries, query_lens %d", len(d.ContextLens), n)
+		}
 		for _, q := range d.QueryLens {
 			if q > 0 {
 				tokens += int(q)
 			}
 		}
+	}
+	if d.BlockTables != nil && d.BlockTableStride > 0 && len(d.BlockTables) < n*d.BlockTableStride {
+		return goError(InvalidArgument, "block_tables has %d entries, needs %d", len(d.BlockTables), n*d.BlockTableStride)
+	}
+	if d.SlotMapping != nil {
 		if len(d.SlotMapping) < tokens {
 			return goError(InvalidArgument, "slot_mapping has %d entries, needs %d", len(d.SlotMapping), tokens)
 		}
@@ -60,6 +96,8 @@ func (d *BatchDesc) keepAlive() {
 	runtime.KeepAlive(d.SlotMapping)
 	runtime.KeepAlive(d.EncoderLens)
 	runtime.KeepAlive(d.CrossBlockTables)
+	runtime.KeepAlive(d.SeqLens)
+	runtime.KeepAlive(d.QueryStartLoc)
 }
 
 // BatchInfo summarises a planned batch.

@@ -143,6 +143,28 @@ func (c *KVCache) Write(layer int, key, value, slots *Tensor, kScale, vScale flo
 	return err
 }
 
+// WriteScaled is Write with per-KV-head scales (fp8 checkpoints quantised per head): on an fp8
+// cache head h of key[t] is stored as fp8(key[t][h] / kHeadScales[h]), and likewise for values;
+// other caches ignore the scales. Each is a float32 [NumKVHeads] tensor, or nil for scale 1. A
+// scale in host memory that is not finite and > 0 is refused (InvalidArgument) before anything
+// is written.
+func (c *KVCache) WriteScaled(layer int, key, value, slots, kHeadScales, vHeadScales *Tensor, opts ...CallOption) error {
+	if key == nil || value == nil || slots == nil {
+		return goError(NullPointer, "key, value and slots are required")
+	}
+	if err := checkTensors(key, value, slots, kHeadScales, vHeadScales); err != nil {
+		return err
+	}
+	p, err := c.handle().acquire()
+	if err != nil {
+		return err
+	}
+	defer c.h.release()
+	err = cCacheWriteScaled(p, layer, key, value, slots, kHeadScales, vHeadScales, configure(opts).stream)
+	keepAlive(key, value, slots, kHeadScales, vHeadScales)
+	return err
+}
+
 // CopyBlocks copies whole blocks (K and V, all layers) within the cache: {src, dst} pairs.
 func (c *KVCache) CopyBlocks(pairs [][2]int32, opts ...CallOption) error {
 	p, err := c.handle().acquire()

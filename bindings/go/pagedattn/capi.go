@@ -152,6 +152,15 @@ static pagedattn_status go_cache_write(pagedattn_kv_cache* c, int32_t layer, go_
                                           go_fill(&ts, s, sd), ks, vs, stream), err);
 }
 
+static pagedattn_status go_cache_write_scaled(pagedattn_kv_cache* c, int32_t layer, go_tensor* k, void* kd,
+                                              go_tensor* v, void* vd, go_tensor* s, void* sd, go_tensor* ks,
+                                              void* ksd, go_tensor* vs, void* vsd, void* stream, char* err) {
+  pagedattn_tensor tk, tv, ts, tks, tvs;
+  return go_keep(pagedattn_kv_cache_write_scaled(c, layer, go_fill(&tk, k, kd), go_fill(&tv, v, vd),
+                                                 go_fill(&ts, s, sd), go_fill(&tks, ks, ksd),
+                                                 go_fill(&tvs, vs, vsd), stream), err);
+}
+
 static pagedattn_status go_copy_blocks(pagedattn_kv_cache* c, int32_t* pairs, size_t n, void* stream,
                                        char* err) {
   return go_keep(pagedattn_kv_cache_copy_blocks(c, pairs, n, stream), err);
@@ -174,16 +183,24 @@ static pagedattn_status go_load_blocks(pagedattn_kv_cache* c, int32_t* ids, size
 
 // Batch arrays come as direct arguments; the scalar fields in a pointer-free struct.
 typedef struct {
-  int32_t num_seqs, block_table_stride, cross_block_table_stride, max_num_seqs, max_blocks_per_seq;
+  int32_t num_seqs, block_table_stride, cross_block_table_stride, max_num_seqs, max_blocks_per_seq,
+      lens_form;
   int64_t max_num_tokens, max_num_encoder_tokens, max_seq_len;
 } go_batch_desc;
 
+// The 0.2 struct (init_sized); in the SEQ form q and c carry seq_lens and query_start_loc.
 static void go_batch_fill(pagedattn_batch_desc* d, go_batch_desc* g, int32_t* q, int32_t* c,
                           int32_t* tables, int64_t* slots, int32_t* enc, int32_t* xtables) {
-  pagedattn_batch_desc_init(d);
+  pagedattn_batch_desc_init_sized(d, sizeof *d);
   d->num_seqs = g->num_seqs;
-  d->query_lens = q;
-  d->context_lens = c;
+  if (g->lens_form == PAGEDATTN_BATCH_LENS_SEQ) {
+    d->lens_form = PAGEDATTN_BATCH_LENS_SEQ;
+    d->seq_lens = q;
+    d->query_start_loc = c;
+  } else {
+    d->query_lens = q;
+    d->context_lens = c;
+  }
   d->block_tables = tables;
   d->block_table_stride = g->block_table_stride;
   d->slot_mapping = slots;
@@ -246,18 +263,22 @@ static pagedattn_status go_batch_array(void** out, int64_t* n, pagedattn_batch* 
 }
 
 typedef struct {
-  int32_t num_heads, num_kv_heads, head_size, sliding_window, attention_type, write_kv, has_alibi;
+  int32_t num_heads, num_kv_heads, head_size, sliding_window, attention_type, write_kv, has_alibi,
+      attention_chunk;
   float scale, soft_cap, k_scale, v_scale;
   uint32_t flags;
 } go_options;
 
+// The option tensors (ALiBi slopes, sinks, K and V head scales) come as descriptor and data pairs.
 static pagedattn_status go_forward(pagedattn_backend* be, pagedattn_batch* b, pagedattn_kv_cache* c,
                                    int32_t layer, go_options* g, go_tensor* al, void* ald,
+                                   go_tensor* sk, void* skd, go_tensor* kh, void* khd,
+                                   go_tensor* vh, void* vhd,
                                    go_tensor* q, void* qd, go_tensor* k, void* kd, go_tensor* v,
                                    void* vd, go_tensor* o, void* od, go_tensor* l, void* ld,
                                    void* stream, char* err) {
   pagedattn_attention_options opts;
-  pagedattn_attention_options_init(&opts);
+  pagedattn_attention_options_init_sized(&opts, sizeof opts);
   opts.num_heads = g->num_heads;
   opts.num_kv_heads = g->num_kv_heads;
   opts.head_size = g->head_size;
@@ -269,8 +290,12 @@ static pagedattn_status go_forward(pagedattn_backend* be, pagedattn_batch* b, pa
   opts.k_scale = g->k_scale;
   opts.v_scale = g->v_scale;
   opts.flags = g->flags;
-  pagedattn_tensor ta, tq, tk, tv, to, tl;
+  opts.attention_chunk = g->attention_chunk;
+  pagedattn_tensor ta, ts, tkh, tvh, tq, tk, tv, to, tl;
   opts.alibi_slopes = go_fill(&ta, al, ald);
+  opts.sinks = go_fill(&ts, sk, skd);
+  opts.k_head_scales = go_fill(&tkh, kh, khd);
+  opts.v_head_scales = go_fill(&tvh, vh, vhd);
   return go_keep(pagedattn_forward(be, b, c, layer, &opts, go_fill(&tq, q, qd), go_fill(&tk, k, kd),
                                    go_fill(&tv, v, vd), go_fill(&to, o, od), go_fill(&tl, l, ld),
                                    stream), err);
@@ -616,6 +641,23 @@ func cCacheWrite(p unsafe.Pointer, layer int, k, v, slots *Tensor, ks, vs float3
 	return result(st, &e)
 }
 
+func cCacheWriteScaled(p unsafe.Pointer, layer int, k, v, slots, ks, vs *Tensor, stream unsafe.Pointer) error {
+	var e errBuf
+	kd, kp := cTensor(k)
+	vd, vp := cTensor(v)
+	sd, sp := cTensor(slots)
+	ksd, ksp := cTensor(ks)
+	vsd, vsp := cTensor(vs)
+	var ck ints
+	l := ck.i32("layer", layer)
+	if ck.err != nil {
+		return ck.err
+	}
+	st := C.go_cache_write_scaled((*C.pagedattn_kv_cache)(p), l, kd, kp, vd, vp, sd, sp, ksd, ksp, vsd, vsp,
+		stream, e.ptr())
+	return result(st, &e)
+}
+
 func pairsPtr(pairs [][2]int32) *C.int32_t {
 	if len(pairs) == 0 {
 		return nil
@@ -668,10 +710,19 @@ func i32Ptr(s []int32) *C.int32_t {
 
 var emptyArray [1]int64
 
+// lensArrays returns the two length arrays of d's form: QueryLens and ContextLens, or SeqLens and
+// QueryStartLoc.
+func lensArrays(d *BatchDesc) (*C.int32_t, *C.int32_t) {
+	if d.seqForm() {
+		return i32Ptr(d.SeqLens), i32Ptr(d.QueryStartLoc)
+	}
+	return i32Ptr(d.QueryLens), i32Ptr(d.ContextLens)
+}
+
 func cBatchDesc(d *BatchDesc) (C.go_batch_desc, *C.int64_t, error) {
 	var ck ints
 	g := C.go_batch_desc{
-		num_seqs:                 ck.i32("len(QueryLens)", len(d.QueryLens)),
+		num_seqs:                 ck.i32("number of sequences", d.numSeqs()),
 		block_table_stride:       ck.i32("BlockTableStride", d.BlockTableStride),
 		cross_block_table_stride: ck.i32("CrossBlockTableStride", d.CrossBlockTableStride),
 		max_num_seqs:             ck.i32("MaxNumSeqs", d.MaxNumSeqs),
@@ -679,6 +730,9 @@ func cBatchDesc(d *BatchDesc) (C.go_batch_desc, *C.int64_t, error) {
 		max_num_tokens:           C.int64_t(d.MaxNumTokens),
 		max_num_encoder_tokens:   C.int64_t(d.MaxNumEncoderTokens),
 		max_seq_len:              C.int64_t(d.MaxSeqLen),
+	}
+	if d.seqForm() {
+		g.lens_form = C.PAGEDATTN_BATCH_LENS_SEQ
 	}
 	var slots *C.int64_t
 	if d.SlotMapping != nil {
@@ -698,8 +752,9 @@ func cBatchCreate(be, cache, cross unsafe.Pointer, d *BatchDesc) (unsafe.Pointer
 		return nil, err
 	}
 	var out *C.pagedattn_batch
+	q, c := lensArrays(d)
 	st := C.go_batch_create(&out, (*C.pagedattn_backend)(be), (*C.pagedattn_kv_cache)(cache),
-		(*C.pagedattn_kv_cache)(cross), &g, i32Ptr(d.QueryLens), i32Ptr(d.ContextLens), i32Ptr(d.BlockTables),
+		(*C.pagedattn_kv_cache)(cross), &g, q, c, i32Ptr(d.BlockTables),
 		slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), e.ptr())
 	return unsafe.Pointer(out), result(st, &e)
 }
@@ -710,7 +765,8 @@ func cBatchUpdate(b unsafe.Pointer, d *BatchDesc) error {
 	if err != nil {
 		return err
 	}
-	st := C.go_batch_update((*C.pagedattn_batch)(b), &g, i32Ptr(d.QueryLens), i32Ptr(d.ContextLens),
+	q, c := lensArrays(d)
+	st := C.go_batch_update((*C.pagedattn_batch)(b), &g, q, c,
 		i32Ptr(d.BlockTables), slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), e.ptr())
 	return result(st, &e)
 }
@@ -764,14 +820,17 @@ func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q
 	g := C.go_options{
 		num_heads: ck.i32("NumHeads", o.NumHeads), num_kv_heads: ck.i32("NumKVHeads", o.NumKVHeads),
 		head_size: ck.i32("HeadSize", o.HeadSize), sliding_window: ck.i32("SlidingWindow", o.SlidingWindow),
-		attention_type: ck.i32("Type", int(o.Type)),
-		scale:          C.float(o.Scale), soft_cap: C.float(o.SoftCap), k_scale: C.float(o.KScale),
+		attention_type: ck.i32("Type", int(o.Type)), attention_chunk: ck.i32("AttentionChunk", o.AttentionChunk),
+		scale: C.float(o.Scale), soft_cap: C.float(o.SoftCap), k_scale: C.float(o.KScale),
 		v_scale: C.float(o.VScale), flags: C.uint32_t(o.Flags),
 	}
 	if o.WriteKV {
 		g.write_kv = 1
 	}
 	ad, ap := cTensor(o.AlibiSlopes)
+	sd, sp := cTensor(o.Sinks)
+	khd, khp := cTensor(o.KHeadScales)
+	vhd, vhp := cTensor(o.VHeadScales)
 	qd, qp := cTensor(q)
 	kd, kp := cTensor(k)
 	vd, vp := cTensor(v)
@@ -782,7 +841,7 @@ func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q
 		return ck.err
 	}
 	st := C.go_forward((*C.pagedattn_backend)(be), (*C.pagedattn_batch)(batch), (*C.pagedattn_kv_cache)(cache),
-		l, &g, ad, ap, qd, qp, kd, kp, vd, vp, od, op, ld, lp, o.Stream, e.ptr())
+		l, &g, ad, ap, sd, sp, khd, khp, vhd, vhp, qd, qp, kd, kp, vd, vp, od, op, ld, lp, o.Stream, e.ptr())
 	return result(st, &e)
 }
 

@@ -179,6 +179,18 @@ func runCase(dir string) (string, error) {
 		pairs = append(pairs, [2]int32{pl[i], pl[i+1]})
 	}
 	refusal := m["expect"] != "PAGEDATTN_OK"
+	// Per-KV-head scales (head_scales 1): the context writes and the forward use them.
+	var khs, vhs *Tensor
+	if m.i("head_scales") != 0 {
+		k := bufFromBytes(mustRead("k_head_scales.bin"), Float32).f32
+		v := bufFromBytes(mustRead("v_head_scales.bin"), Float32).f32
+		var err1, err2 error
+		khs, err1 = NewTensor(k, Float32, len(k))
+		vhs, err2 = NewTensor(v, Float32, len(v))
+		if err1 != nil || err2 != nil {
+			return "", fmt.Errorf("head scales: %v %v", err1, err2)
+		}
+	}
 	out := poisoned(t*h*d, outDT)
 	lse := make([]float32, t*h)
 	for i := range lse {
@@ -218,7 +230,13 @@ func runCase(dir string) (string, error) {
 				if err1 != nil || err2 != nil {
 					return nil, fmt.Errorf("ctx tensors: %v %v", err1, err2)
 				}
-				if err := cache.Write(l, k, v, slots, m.f("k_scale"), m.f("v_scale")); err != nil {
+				var err error
+				if khs != nil {
+					err = cache.WriteScaled(l, k, v, slots, khs, vhs)
+				} else {
+					err = cache.Write(l, k, v, slots, m.f("k_scale"), m.f("v_scale"))
+				}
+				if err != nil {
 					return &stepError{"kv_cache_write", err}, nil
 				}
 			}
@@ -263,6 +281,14 @@ func runCase(dir string) (string, error) {
 					return nil, err
 				}
 			}
+			if m.i("sinks") != 0 {
+				sinks := bufFromBytes(mustRead("sinks.bin"), Float32).f32
+				if o.Sinks, err = NewTensor(sinks, Float32, m.i("sinks_len")); err != nil {
+					return nil, err
+				}
+			}
+			o.AttentionChunk = m.i("attention_chunk")
+			o.KHeadScales, o.VHeadScales = khs, vhs
 			q, err := bufFromBytes(mustRead("q.bin"), dt).tensor(dt, t, h, d)
 			if err != nil {
 				return nil, err

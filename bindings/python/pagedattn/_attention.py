@@ -19,7 +19,8 @@ from ._backend import Backend
 from ._batch import Batch
 from ._cache import KVCache
 from ._status import _check, _lib
-from ._tensor import checked_int, describe, empty_float32_like, empty_like, shape_of, stream_arg
+from ._tensor import (checked_int, describe, empty_float32_like, empty_like, float32_vector,
+                      shape_of, stream_arg)
 from ._types import AttentionType, enum_arg
 
 _ENCODER_ONLY = AttentionType.ENCODER_ONLY
@@ -31,11 +32,15 @@ _OPTIONS: Dict[Tuple[Any, ...], Tuple[_ffi.AttentionOptionsStruct, int]] = {}
 _OPTIONS_MAX = 256
 
 
-def _options(key: Tuple[Any, ...], alibi: Optional[int]) -> Tuple[Any, int]:
-    """An AttentionOptionsStruct with the field values ``key`` (num_heads, num_kv_heads,
-    head_size, scale, soft_cap, sliding_window, attention_type, write_kv, k_scale, v_scale)
-    and ``alibi`` (a tensor address or None), and its address."""
-    cacheable = alibi is None
+def _options(key: Tuple[Any, ...], alibi: Optional[int], sinks: Optional[int] = None,
+             k_head_scales: Optional[int] = None,
+             v_head_scales: Optional[int] = None) -> Tuple[Any, int]:
+    """An AttentionOptionsStruct (the 0.2 struct, from ``_init_sized``) with the field values
+    ``key`` (num_heads, num_kv_heads, head_size, scale, soft_cap, sliding_window,
+    attention_type, write_kv, k_scale, v_scale, attention_chunk) and the tensor addresses (or
+    None) ``alibi``, ``sinks``, ``k_head_scales`` and ``v_head_scales``, and its address."""
+    cacheable = alibi is None and sinks is None and k_head_scales is None and \
+        v_head_scales is None
     if cacheable:
         try:
             hit = _OPTIONS.get(key)
@@ -44,10 +49,13 @@ def _options(key: Tuple[Any, ...], alibi: Optional[int]) -> Tuple[Any, int]:
         if hit is not None:
             return hit
     o = _ffi.AttentionOptionsStruct()
-    _check(_lib().pagedattn_attention_options_init(ctypes.byref(o)))
+    _check(_lib().pagedattn_attention_options_init_sized(ctypes.byref(o), ctypes.sizeof(o)))
     (o.num_heads, o.num_kv_heads, o.head_size, o.scale, o.soft_cap, o.sliding_window,
-     o.attention_type, o.write_kv, o.k_scale, o.v_scale) = key
+     o.attention_type, o.write_kv, o.k_scale, o.v_scale, o.attention_chunk) = key
     o.alibi_slopes = alibi
+    o.sinks = sinks
+    o.k_head_scales = k_head_scales
+    o.v_head_scales = v_head_scales
     entry = (o, ctypes.addressof(o))
     if cacheable:
         if len(_OPTIONS) >= _OPTIONS_MAX:
@@ -66,7 +74,9 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
             head_size: Optional[int] = None, scale: float = 0.0, soft_cap: float = 0.0,
             sliding_window: int = 0, attention_type: AttentionType = AttentionType.DECODER,
             write_kv: Optional[bool] = None, k_scale: float = 1.0, v_scale: float = 1.0,
-            alibi_slopes: Any = None, stream: Optional[int] = None) -> Any:
+            alibi_slopes: Any = None, sinks: Any = None, attention_chunk: int = 0,
+            k_head_scales: Any = None, v_head_scales: Any = None,
+            stream: Optional[int] = None) -> Any:
     """Runs one layer of attention for a planned batch (``pagedattn_forward``).
 
     Args:
@@ -87,6 +97,14 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
         write_kv: store k/v into the cache first (default: True unless ENCODER_ONLY or k is None).
         k_scale, v_scale: fp8 cache scales.
         alibi_slopes: float32 ``[H]`` tensor (or a list of floats), or None.
+        sinks: attention sinks, a float32 ``[H]`` tensor (or a list of floats), or None: one
+            logit per head that joins every row's softmax without a value (and its lse).
+        attention_chunk: chunked local attention (decoder only): C > 0 lets the token at
+            position p see only keys k <= p with k // C == p // C; 0 = off.
+        k_head_scales, v_head_scales: per-KV-head fp8 scales, float32 ``[Hkv]`` tensors (or
+            lists of floats), or None (then k_scale / v_scale). An fp8 cache loads head h as
+            float(fp8) * scales[h], and a write with ``write_kv`` stores fp8(x / scales[h]);
+            other caches ignore them.
         stream: GPU stream handle (int) or None (the default stream). On a GPU backend it is
             also passed to each ``__dlpack__`` producer per the DLPack protocol, so the
             producer orders its pending work before the call.
@@ -98,8 +116,9 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
     Raises:
         PagedAttnError: with the library's status and message; nothing is written on failure.
         TypeError, OverflowError: an integer argument (layer, num_heads, num_kv_heads,
-            head_size, sliding_window, also taken from shapes) that is not an integer or does
-            not fit int32, or a stream that is not an address; checked before anything runs.
+            head_size, sliding_window, attention_chunk, also taken from shapes) that is not an
+            integer or does not fit int32, or a stream that is not an address; checked before
+            anything runs.
     """
     bh = backend._handle()
     batch_h = None if batch is None else batch._handle()
@@ -110,6 +129,7 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
         at = enum_arg(AttentionType, attention_type, "attention_type")
     layer = checked_int(layer, "int32", "layer")
     sliding_window = checked_int(sliding_window, "int32", "sliding_window")
+    attention_chunk = checked_int(attention_chunk, "int32", "attention_chunk")
     stream = stream_arg(stream)
     gpu = backend._gpu
     qa, qkeep = describe(q, "q", False, gpu, stream)
@@ -140,16 +160,17 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
         lse = empty_float32_like(q, (q_shape[0], H), "lse")
     if want_lse:
         la, lkeep = describe(lse, "lse", True, gpu, stream)
-    alibi = akeep = None
-    if alibi_slopes is not None:
-        if isinstance(alibi_slopes, (list, tuple)):
-            alibi_slopes = np.asarray(alibi_slopes, dtype=np.float32)
-        alibi, akeep = describe(alibi_slopes, "alibi_slopes", False, gpu, stream)
+    alibi, akeep = float32_vector(alibi_slopes, "alibi_slopes", gpu, stream)
+    sk, skeep = float32_vector(sinks, "sinks", gpu, stream)
+    khs, khkeep = float32_vector(k_head_scales, "k_head_scales", gpu, stream)
+    vhs, vhkeep = float32_vector(v_head_scales, "v_head_scales", gpu, stream)
     options, options_addr = _options((H, num_kv_heads, D, scale, soft_cap, sliding_window,
-                                      int(at), 1 if write_kv else 0, k_scale, v_scale), alibi)
+                                      int(at), 1 if write_kv else 0, k_scale, v_scale,
+                                      attention_chunk), alibi, sk, khs, vhs)
     _check(_lib().pagedattn_forward(bh, batch_h, cache_h, layer, options_addr, qa, ka, va, oa,
                                     la, stream))
-    del qkeep, kkeep, vkeep, okeep, lkeep, akeep, options  # alive until the call returned
+    # alive until the call returned
+    del qkeep, kkeep, vkeep, okeep, lkeep, akeep, skeep, khkeep, vhkeep, options
     return (out, lse) if want_lse else out
 
 

@@ -41,6 +41,7 @@ class BatchInfo:
     workspace_bytes: int  # the backend's workspace (device memory on GPUs)
     max_num_encoder_tokens: int  # capacity
     max_seq_len_capacity: int    # what max_seq_len may reach through update
+    max_tree_mask_bytes: int     # tree mask bytes a step may use (0: none)
 
 
 class _Ints:
@@ -121,20 +122,36 @@ _TEMPLATE: List[_ffi.BatchDescStruct] = []
 
 
 def _desc_template() -> _ffi.BatchDescStruct:
-    """A batch desc as ``pagedattn_batch_desc_init`` fills it, made once and copied."""
+    """A batch desc as ``pagedattn_batch_desc_init_sized`` fills it (the 0.2 struct, CONTEXT
+    form), made once and copied."""
     if not _TEMPLATE:
         d = _ffi.BatchDescStruct()
-        _check(_lib().pagedattn_batch_desc_init(ctypes.byref(d)))
+        _check(_lib().pagedattn_batch_desc_init_sized(ctypes.byref(d), ctypes.sizeof(d)))
         _TEMPLATE.append(d)
     return _TEMPLATE[0]
 
 
-def _desc(query_lens: Any, context_lens: Any, block_tables: Any, slot_mapping: Any,
-          encoder_lens: Any, cross_block_tables: Any,
-          kept: Tuple[Optional[_Ints], Optional[_Ints]] = (None, None)
-          ) -> Tuple[_ffi.BatchDescStruct, Tuple[Any, ...]]:
-    """The C batch desc of one step and the arrays it points to (to keep alive). ``kept``:
-    the encoder_lens and cross tables an update reuses when it does not pass them."""
+_LENS_CONTEXT, _LENS_SEQ = 0, 1  # PAGEDATTN_BATCH_LENS_*
+
+
+def _lens(query_lens: Any, context_lens: Any, seq_lens: Any, query_start_loc: Any
+          ) -> Tuple[int, Optional[_Ints], Optional[_Ints], Optional[_Ints], Optional[_Ints]]:
+    """The length arrays of one form: (num_seqs, query_lens, context_lens, seq_lens,
+    query_start_loc), the other form's two None."""
+    if seq_lens is not None or query_start_loc is not None:
+        if query_lens is not None or context_lens is not None:
+            raise ValueError("pass query_lens (and context_lens) or seq_lens and "
+                             "query_start_loc, not both forms")
+        if seq_lens is None or query_start_loc is None:
+            raise ValueError("seq_lens and query_start_loc go together")
+        sl = _ints(seq_lens, np.int32, "seq_lens")
+        qsl = _ints(query_start_loc, np.int32, "query_start_loc")
+        if qsl.size != sl.size + 1:
+            raise ValueError(f"query_start_loc has {qsl.size} entries, needs len(seq_lens) + 1 "
+                             f"= {sl.size + 1}")
+        return sl.size, None, None, sl, qsl
+    if query_lens is None:
+        raise TypeError("a batch needs query_lens (or seq_lens and query_start_loc)")
     q = _ints(query_lens, np.int32, "query_lens")
     if context_lens is None:
         c = _ctypes_ints([0] * q.size, ctypes.c_int32)
@@ -142,25 +159,56 @@ def _desc(query_lens: Any, context_lens: Any, block_tables: Any, slot_mapping: A
         c = _ints(context_lens, np.int32, "context_lens")
     if c.size != q.size:
         raise ValueError(f"context_lens has {c.size} entries, query_lens {q.size}")
+    return q.size, q, c, None, None
+
+
+def _desc(query_lens: Any, context_lens: Any, block_tables: Any, slot_mapping: Any,
+          encoder_lens: Any, cross_block_tables: Any,
+          kept: Tuple[Optional[_Ints], Optional[_Ints]] = (None, None),
+          seq_lens: Any = None, query_start_loc: Any = None
+          ) -> Tuple[_ffi.BatchDescStruct, Tuple[Any, ...]]:
+    """The C batch desc of one step and the arrays it points to (to keep alive). ``kept``:
+    the encoder_lens and cross tables an update reuses when it does not pass them. The
+    lengths are ``query_lens`` + ``context_lens`` (CONTEXT form) or ``seq_lens`` +
+    ``query_start_loc`` (SEQ form)."""
+    n, q, c, sl, qsl = _lens(query_lens, context_lens, seq_lens, query_start_loc)
     tables = _table(block_tables, "block_tables")
     sm = None if slot_mapping is None else _ints(slot_mapping, np.int64, "slot_mapping")
     enc = None if encoder_lens is None else _ints(encoder_lens, np.int32, "encoder_lens")
     xt = _table(cross_block_tables, "cross_block_tables")
+    # The library reads num_seqs table rows and encoder_lens, and a slot per token.
+    if tables is not None and tables.rows < n:
+        raise ValueError(f"block_tables has {tables.rows} rows, needs {n} (one per sequence)")
+    if enc is not None and enc.size != n:
+        raise ValueError(f"encoder_lens has {enc.size} entries, needs {n}")
+    if xt is not None and xt.rows < n:
+        raise ValueError(f"cross_block_tables has {xt.rows} rows, needs {n}")
+    if sm is not None:
+        if qsl is not None:
+            tokens = max(int(np.asarray(qsl.owner)[-1]), 0)
+        else:
+            tokens = int(np.maximum(np.asarray(q.owner if q is not None else []), 0).sum())
+        if sm.size < tokens:
+            raise ValueError(f"slot_mapping has {sm.size} entries, needs {tokens} (one per token)")
     if enc is None and kept[0] is not None:
         enc = kept[0]
-        if enc.size != q.size:
+        if enc.size != n:
             raise ValueError(
                 f"encoder_lens: the batch was planned with {enc.size} encoder_lens and this "
-                f"update has {q.size} sequences; pass encoder_lens (and cross_block_tables)")
+                f"update has {n} sequences; pass encoder_lens (and cross_block_tables)")
     if xt is None and kept[0] is not None and kept[1] is not None:
         xt = kept[1]
-        if xt.rows != q.size:
+        if xt.rows != n:
             raise ValueError(
                 f"cross_block_tables: the batch was planned with {xt.rows} rows and this "
-                f"update has {q.size} sequences; pass cross_block_tables")
+                f"update has {n} sequences; pass cross_block_tables")
     d = _ffi.BatchDescStruct.from_buffer_copy(_desc_template())
-    d.num_seqs = checked_int(q.size, "int32", "num_seqs")
-    d.query_lens, d.context_lens = q.address, c.address
+    d.num_seqs = checked_int(n, "int32", "num_seqs")
+    if sl is not None and qsl is not None:
+        d.lens_form = _LENS_SEQ
+        d.seq_lens, d.query_start_loc = sl.address, qsl.address
+    elif q is not None and c is not None:
+        d.query_lens, d.context_lens = q.address, c.address
     if tables is not None:
         d.block_tables = tables.address
         d.block_table_stride = checked_int(tables.width, "int32", "block_tables width")
@@ -171,7 +219,7 @@ def _desc(query_lens: Any, context_lens: Any, block_tables: Any, slot_mapping: A
     if xt is not None:
         d.cross_block_tables = xt.address
         d.cross_block_table_stride = checked_int(xt.width, "int32", "cross_block_tables width")
-    return d, (q, c, tables, sm, enc, xt)
+    return d, (q, c, tables, sm, enc, xt, sl, qsl)
 
 
 class Batch(_Handle):
@@ -183,6 +231,10 @@ class Batch(_Handle):
             encoder-only batch without tables.
         query_lens: new tokens per sequence (0 = idle padded entry).
         context_lens: tokens already cached per sequence (default zeros).
+        seq_lens, query_start_loc: the lengths in the SEQ form instead of ``query_lens`` and
+            ``context_lens``, as vLLM v1 and FlashInfer hold them: ``seq_lens[i]`` = context
+            + new tokens of sequence i, ``query_start_loc`` its ``num_seqs + 1`` row offsets
+            (``[0, q0, q0 + q1, ...]``). Both forms plan the same batch.
         block_tables: ``[num_seqs, width]`` int32 array or a list of rows (ragged rows padded).
         slot_mapping: optional caller slot mapping (``[sum(query_lens)]``, -1 = padding).
         cross_cache, encoder_lens, cross_block_tables: cross attention (the cross cache may be
@@ -204,7 +256,11 @@ class Batch(_Handle):
         (a closed backend or cache)...
         TypeError, OverflowError: a length, id or capacity that is not an integer or does not
         fit its C type (int32; max_num_tokens, max_num_encoder_tokens, max_seq_len and slots
-        int64).
+        int64); no lengths at all.
+        ValueError: both length forms, seq_lens without query_start_loc (or the reverse), a
+        query_start_loc that is not ``len(seq_lens) + 1`` long, or an array shorter than the
+        library reads (table rows or encoder_lens for fewer sequences, slot_mapping for fewer
+        tokens).
 
     ``close()`` is idempotent; afterwards every method raises ``INVALID_HANDLE``. A batch may be
     closed before or after its backend and caches.
@@ -212,8 +268,9 @@ class Batch(_Handle):
 
     _kind = "Batch"
 
-    def __init__(self, backend: Backend, cache: Optional[KVCache], query_lens: Any,
-                 context_lens: Any = None, block_tables: Any = None, *, slot_mapping: Any = None,
+    def __init__(self, backend: Backend, cache: Optional[KVCache], query_lens: Any = None,
+                 context_lens: Any = None, block_tables: Any = None, *, seq_lens: Any = None,
+                 query_start_loc: Any = None, slot_mapping: Any = None,
                  cross_cache: Optional[KVCache] = None, encoder_lens: Any = None,
                  cross_block_tables: Any = None, max_num_seqs: int = 0, max_num_tokens: int = 0,
                  max_blocks_per_seq: int = 0, max_num_encoder_tokens: int = 0,
@@ -221,7 +278,7 @@ class Batch(_Handle):
         bh = backend._handle()
         cache_h, cross_h = _handle_or_null(cache), _handle_or_null(cross_cache)
         desc, keep = _desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
-                           cross_block_tables)
+                           cross_block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
         desc.max_num_seqs = checked_int(max_num_seqs, "int32", "max_num_seqs")
         desc.max_num_tokens = checked_int(max_num_tokens, "int64", "max_num_tokens")
         desc.max_blocks_per_seq = checked_int(max_blocks_per_seq, "int32", "max_blocks_per_seq")
@@ -240,11 +297,12 @@ class Batch(_Handle):
             (_owned(keep[4]), _owned(keep[5]))
         del keep
 
-    def update(self, query_lens: Any, context_lens: Any = None, block_tables: Any = None, *,
-               slot_mapping: Any = None, encoder_lens: Any = None,
-               cross_block_tables: Any = None) -> None:
+    def update(self, query_lens: Any = None, context_lens: Any = None, block_tables: Any = None,
+               *, seq_lens: Any = None, query_start_loc: Any = None, slot_mapping: Any = None,
+               encoder_lens: Any = None, cross_block_tables: Any = None) -> None:
         """Replaces the batch's contents in place (no larger than its capacities; for graph
-        replay). On failure the batch keeps its previous contents.
+        replay). On failure the batch keeps its previous contents. The lengths come in either
+        form (see the constructor), whichever the batch was created with.
 
         A cross-attention batch keeps its ``encoder_lens`` and ``cross_block_tables`` when an
         update does not pass them (the encoder side does not change between decode steps);
@@ -252,11 +310,12 @@ class Batch(_Handle):
 
         Raises:
             PagedAttnError: ``CAPACITY`` and the errors of the constructor.
-            ValueError: kept encoder_lens or cross_block_tables for another number of sequences.
+            ValueError: kept encoder_lens or cross_block_tables for another number of sequences,
+                and the constructor's length-form errors.
         """
         h = self._handle()
         desc, keep = _desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
-                           cross_block_tables, self._cross)
+                           cross_block_tables, self._cross, seq_lens, query_start_loc)
         _check(_lib().pagedattn_batch_update(h, ctypes.addressof(desc)))
         if keep[4] is not None:
             self._cross = (_owned(keep[4]), _owned(keep[5]))

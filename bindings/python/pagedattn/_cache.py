@@ -13,7 +13,8 @@ from . import _ffi
 from ._backend import Backend
 from ._handle import _Handle
 from ._status import PagedAttnError, _check, _lib
-from ._tensor import _i32p, as_tensor, checked_int, describe, int_array, stream_arg
+from ._tensor import (_i32p, as_tensor, checked_int, describe, float32_vector, int_array,
+                      stream_arg)
 from ._types import KV_CACHE_HOST, Dtype, Layout, dtype_arg, dtype_from_dlpack, enum_arg
 
 # The C type of each pagedattn_kv_cache_desc field, checked before it is stored.
@@ -236,12 +237,29 @@ class KVCache(_Handle):
         return k.value or 0, v.value or 0, (strides[0], strides[1], strides[2])
 
     def write(self, layer: int, key: Any, value: Any, slot_mapping: Any, *, k_scale: float = 1.0,
-              v_scale: float = 1.0, stream: Optional[int] = None) -> None:
+              v_scale: float = 1.0, k_head_scales: Any = None, v_head_scales: Any = None,
+              stream: Optional[int] = None) -> None:
         """Reshape-and-cache: stores ``key[t]``, ``value[t]`` (``[T, Hkv, D]``) at
         ``slot_mapping[t]`` of ``layer`` (-1 skips a token). ``slot_mapping`` is a list or an
         int32/int64 array (numpy or ``__dlpack__``). Nothing is written if a slot is out of range.
+
+        fp8 caches store ``fp8(x / scale)``: with ``k_scale`` / ``v_scale``, one scale for all
+        heads (``pagedattn_kv_cache_write``); with ``k_head_scales`` / ``v_head_scales``,
+        float32 ``[Hkv]`` tensors (or lists of floats), one per KV head
+        (``pagedattn_kv_cache_write_scaled``; a side left None has scale 1). Other caches
+        ignore the scales.
+
+        Raises:
+            PagedAttnError: the library's refusals (``OUT_OF_RANGE`` slots, ``BAD_TENSOR``,
+                ``INVALID_ARGUMENT`` for a scale that is not finite and > 0...).
+            ValueError: per-head scales together with a scalar scale other than 1 (the
+                per-head write takes no scalar scales).
         """
         h = self._handle()
+        per_head = k_head_scales is not None or v_head_scales is not None
+        if per_head and (k_scale != 1.0 or v_scale != 1.0):
+            raise ValueError("write: k_head_scales / v_head_scales replace k_scale and v_scale; "
+                             "pass one kind of scale")
         if isinstance(slot_mapping, (list, tuple)) or (
                 isinstance(slot_mapping, np.ndarray) and slot_mapping.dtype.kind in "iu"
                 and slot_mapping.dtype not in (np.int32, np.int64)):
@@ -252,7 +270,14 @@ class KVCache(_Handle):
         ka, kkeep = describe(key, "key", False, gpu, stream)
         va, vkeep = describe(value, "value", False, gpu, stream)
         sa, skeep = describe(slot_mapping, "slot_mapping", False, gpu, stream)
-        _check(_lib().pagedattn_kv_cache_write(h, layer, ka, va, sa, k_scale, v_scale, stream))
+        if per_head:
+            khs, khkeep = float32_vector(k_head_scales, "k_head_scales", gpu, stream)
+            vhs, vhkeep = float32_vector(v_head_scales, "v_head_scales", gpu, stream)
+            _check(_lib().pagedattn_kv_cache_write_scaled(h, layer, ka, va, sa, khs, vhs, stream))
+            del khkeep, vhkeep
+        else:
+            _check(_lib().pagedattn_kv_cache_write(h, layer, ka, va, sa, k_scale, v_scale,
+                                                   stream))
         del kkeep, vkeep, skeep  # alive until the call returned
 
     def copy_blocks(self, pairs: Any, *, stream: Optional[int] = None) -> None:

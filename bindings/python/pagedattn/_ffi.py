@@ -1,7 +1,8 @@
 """Low-level ctypes layer: finding libpagedattn, the C structs, and the function prototypes.
 
 Nothing here is public API; :mod:`pagedattn` wraps it. The structs mirror
-``include/pagedattn/*.h`` field by field (ctypes applies the same C alignment rules).
+``include/pagedattn/*.h`` field by field (ctypes applies the same C alignment rules). A struct
+that grew since 0.1 is mirrored whole: the library takes only the 0.1 layout and its own.
 """
 
 from __future__ import annotations
@@ -153,6 +154,13 @@ class BatchDescStruct(ctypes.Structure):
         ("max_blocks_per_seq", c_int32),
         ("max_num_encoder_tokens", c_int64),
         ("max_seq_len", c_int64),
+        # Since 0.2 (struct_size from pagedattn_batch_desc_init_sized covers them).
+        ("lens_form", ctypes.c_int),
+        ("seq_lens", c_void_p),
+        ("query_start_loc", c_void_p),
+        ("tree_mask", c_void_p),  # const uint8_t*; not exposed yet (NULL: no tree masks)
+        ("tree_mask_indptr", c_void_p),
+        ("max_tree_mask_bytes", c_int64),
     ]
 
 
@@ -174,6 +182,7 @@ class BatchInfoStruct(ctypes.Structure):
         ("workspace_bytes", c_uint64),
         ("max_num_encoder_tokens", c_int64),
         ("max_seq_len_capacity", c_int64),
+        ("max_tree_mask_bytes", c_int64),
     ]
 
 
@@ -192,6 +201,11 @@ class AttentionOptionsStruct(ctypes.Structure):
         ("v_scale", c_float),
         ("alibi_slopes", c_void_p),  # const pagedattn_tensor*
         ("flags", c_uint32),
+        # Since 0.2 (struct_size from pagedattn_attention_options_init_sized covers them).
+        ("sinks", c_void_p),  # const pagedattn_tensor*
+        ("attention_chunk", c_int32),
+        ("k_head_scales", c_void_p),  # const pagedattn_tensor*
+        ("v_head_scales", c_void_p),  # const pagedattn_tensor*
     ]
 
 
@@ -255,6 +269,8 @@ _PROTOTYPES = {
         _status,
         [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_float, c_float, c_void_p],
     ),
+    # cache, layer, key, value, slot_mapping, k_head_scales, v_head_scales, stream
+    "pagedattn_kv_cache_write_scaled": (_status, [c_void_p, c_int32] + [c_void_p] * 6),
     "pagedattn_kv_cache_copy_blocks": (_status, [c_void_p, _P32, c_size_t, c_void_p]),
     "pagedattn_kv_cache_swap_blocks": (_status, [c_void_p, c_void_p, _P32, c_size_t, c_void_p]),
     "pagedattn_kv_cache_read_blocks": (
@@ -266,6 +282,7 @@ _PROTOTYPES = {
         [c_void_p, _P32, c_size_t, c_void_p, c_size_t, c_void_p],
     ),
     "pagedattn_batch_desc_init": (_status, [ctypes.POINTER(BatchDescStruct)]),
+    "pagedattn_batch_desc_init_sized": (_status, [ctypes.POINTER(BatchDescStruct), c_uint32]),
     "pagedattn_batch_create": (
         _status,
         [ctypes.POINTER(c_void_p), c_void_p, c_void_p, c_void_p, c_void_p],
@@ -286,6 +303,10 @@ _PROTOTYPES = {
         [ctypes.POINTER(_P64), ctypes.POINTER(c_int64), c_void_p],
     ),
     "pagedattn_attention_options_init": (_status, [ctypes.POINTER(AttentionOptionsStruct)]),
+    "pagedattn_attention_options_init_sized": (
+        _status,
+        [ctypes.POINTER(AttentionOptionsStruct), c_uint32],
+    ),
     # backend, batch, cache, layer, options, q, k, v, out, lse, stream
     "pagedattn_forward": (_status, [c_void_p, c_void_p, c_void_p, c_int32] + [c_void_p] * 7),
     # backend, out, lse_out, o1, lse1, o2, lse2, stream

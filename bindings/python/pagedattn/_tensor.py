@@ -323,6 +323,18 @@ def describe(obj: Any, name: str, writable: bool = False, gpu: bool = False,
                     f"__dlpack__, got {type(obj).__name__}")
 
 
+def float32_vector(x: Any, name: str, gpu: bool, stream: Optional[int]) -> Tuple[Any, Any]:
+    """A float32 vector argument (ALiBi slopes, sinks, per-head scales) as a tensor address
+    and the object keeping it alive: a list or tuple of floats becomes a numpy float32 array;
+    numpy arrays and ``__dlpack__`` objects are passed as they are (the library checks the
+    dtype and shape). ``(None, None)`` for None."""
+    if x is None:
+        return None, None
+    if isinstance(x, (list, tuple)):
+        x = np.asarray(x, dtype=np.float32)
+    return describe(x, name, False, gpu, stream)
+
+
 def shape_of(obj: Any, address: int) -> Tuple[int, ...]:
     """The shape of a described tensor: the object's own ``shape`` tuple when it has one (numpy,
     torch), else the DLTensor's."""

@@ -102,6 +102,9 @@ class Feature(enum.IntFlag):
     HOST_SWAP = 1 << 9
     GRAPH_CAPTURE = 1 << 10
     WRAP_CACHE = 1 << 11
+    SINKS = 1 << 12  # attention sinks (forward's ``sinks``)
+    CHUNKED_LOCAL = 1 << 13  # forward's ``attention_chunk``
+    HEAD_SCALES = 1 << 14  # per-KV-head fp8 scales (forward, KVCache.write)
 
 
 KV_CACHE_HOST = 1  # PAGEDATTN_KV_CACHE_HOST

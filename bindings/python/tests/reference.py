@@ -10,9 +10,11 @@ import numpy as np
 def decoder_attention(q: np.ndarray, keys: Sequence[np.ndarray], values: Sequence[np.ndarray],
                       query_lens: Sequence[int], context_lens: Sequence[int], *,
                       scale: Optional[float] = None, soft_cap: float = 0.0, window: int = 0,
-                      alibi: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+                      alibi: Optional[np.ndarray] = None, sinks: Optional[np.ndarray] = None,
+                      chunk: int = 0) -> Tuple[np.ndarray, np.ndarray]:
     """q: [T, H, D]; keys[i]/values[i]: every token of sequence i, [context+query, Hkv, D].
-    Returns (out [T, H, D], lse [T, H]) in float64."""
+    sinks: a logit per head joining every row's softmax without a value; chunk: C > 0 keeps
+    the keys k with k // C == p // C. Returns (out [T, H, D], lse [T, H]) in float64."""
     T, H, D = q.shape
     out = np.zeros((T, H, D))
     lse = np.full((T, H), -np.inf)
@@ -27,6 +29,8 @@ def decoder_attention(q: np.ndarray, keys: Sequence[np.ndarray], values: Sequenc
             pos = np.arange(p + 1)
             if window > 0:
                 pos = pos[p - pos < window]
+            if chunk > 0:
+                pos = pos[pos // chunk == p // chunk]
             for h in range(H):
                 kh = h // g
                 s = K[pos, kh, :] @ q[row, h].astype(np.float64) * scale
@@ -34,10 +38,12 @@ def decoder_attention(q: np.ndarray, keys: Sequence[np.ndarray], values: Sequenc
                     s = soft_cap * np.tanh(s / soft_cap)
                 if alibi is not None:
                     s = s + float(alibi[h]) * (pos - p)
-                m = s.max()
+                sink = -np.inf if sinks is None else float(sinks[h])
+                m = max(s.max(), sink)
                 e = np.exp(s - m)
-                out[row, h] = e @ V[pos, kh, :] / e.sum()
-                lse[row, h] = m + np.log(e.sum())
+                total = e.sum() + np.exp(sink - m)
+                out[row, h] = e @ V[pos, kh, :] / total
+                lse[row, h] = m + np.log(total)
             row += 1
     return out, lse
 

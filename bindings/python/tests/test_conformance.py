@@ -94,6 +94,10 @@ def run(c: Case):
     att = c.s("attention")
     op = c.s("op")
     ks, vs = c.f("k_scale"), c.f("v_scale")
+    # Per-KV-head scales (head_scales 1) replace k_scale / v_scale in the writes.
+    head_scales = c.i("head_scales") != 0
+    khs = wrap(c.arr("k_head_scales.bin", np.float32, (Hkv,)), "f32") if head_scales else None
+    vhs = wrap(c.arr("v_head_scales.bin", np.float32, (Hkv,)), "f32") if head_scales else None
     try:
         step = "backend_create"
         be = pa.Backend(c.s("backend"), num_threads=1)
@@ -113,7 +117,11 @@ def run(c: Case):
                     k_l, v_l = pa.BFloat16Array(ck.array[layer]), pa.BFloat16Array(cv.array[layer])
                 else:
                     k_l, v_l = ck[layer], cv[layer]
-                cache.write(layer, k_l, v_l, wrap(slots, "i64"), k_scale=ks, v_scale=vs)
+                if head_scales:
+                    cache.write(layer, k_l, v_l, wrap(slots, "i64"), k_head_scales=khs,
+                                v_head_scales=vhs)
+                else:
+                    cache.write(layer, k_l, v_l, wrap(slots, "i64"), k_scale=ks, v_scale=vs)
         if op == "forward":
             step = "batch_create"
             stride = c.i("table_stride")
@@ -140,11 +148,15 @@ def run(c: Case):
             lse_np = np.full((T, H), np.nan, dtype=np.float32)
             lse = wrap(lse_np, "f32") if c.i("lse") else False
             alibi = wrap(c.arr("alibi.bin", np.float32, (H,)), "f32") if c.i("alibi") else None
+            sinks = wrap(c.arr("sinks.bin", np.float32, (c.i("sinks_len"),)), "f32") \
+                if c.i("sinks") else None
             pa.forward(be, None if c.i("null_batch") else batch, cache, c.i("layer"), q, k, v,
                        out=out, lse=lse, num_heads=H, num_kv_heads=c.i("opt_num_kv_heads"),
                        head_size=D, scale=c.f("scale"), soft_cap=c.f("soft_cap"),
                        sliding_window=c.i("sliding_window"), attention_type=_ATT[att],
-                       write_kv=bool(c.i("write_kv")), k_scale=ks, v_scale=vs, alibi_slopes=alibi)
+                       write_kv=bool(c.i("write_kv")), k_scale=ks, v_scale=vs, alibi_slopes=alibi,
+                       sinks=sinks, attention_chunk=c.i("attention_chunk"), k_head_scales=khs,
+                       v_head_scales=vhs)
             outs["out.bin"] = out_np.tobytes()
             if c.i("lse"):
                 outs["lse.bin"] = lse_np.tobytes()

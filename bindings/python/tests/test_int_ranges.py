@@ -219,6 +219,22 @@ def test_batch_lengths_and_tables(monkeypatch: pytest.MonkeyPatch, w: World, arg
     assert w.batch.info == info  # the batch keeps its previous contents
 
 
+@pytest.mark.parametrize("value", INT32)
+@pytest.mark.parametrize("arg", ["seq_lens", "query_start_loc"])
+def test_batch_seq_form_lengths(monkeypatch: pytest.MonkeyPatch, w: World, arg: str,
+                                value: int) -> None:
+    kw: dict = dict(seq_lens=[6], query_start_loc=[0, 1], block_tables=[[3, 6]])
+    kw[arg] = [value] + kw[arg][1:]
+    match = rf"^{arg}\[0\] = {value} does not fit int32$"
+    info = w.batch.info
+    with never_reaches(monkeypatch, "pagedattn_batch_create", "pagedattn_batch_update"):
+        with pytest.raises(OverflowError, match=match):
+            pa.Batch(w.be, w.cache, **kw)
+        with pytest.raises(OverflowError, match=match):
+            w.batch.update(**kw)
+    assert w.batch.info == info
+
+
 @pytest.mark.parametrize("value", INT64)
 def test_batch_slot_mapping(w: World, value: int) -> None:
     with pytest.raises(OverflowError, match=rf"^slot_mapping\[0\] = {value} does not fit int64$"):
@@ -231,7 +247,8 @@ def test_batch_slot_mapping(w: World, value: int) -> None:
                                                   ("num_heads", "int32", INT32),
                                                   ("num_kv_heads", "int32", INT32),
                                                   ("head_size", "int32", INT32),
-                                                  ("sliding_window", "int32", INT32)))
+                                                  ("sliding_window", "int32", INT32),
+                                                  ("attention_chunk", "int32", INT32)))
 def test_forward_scalars_write_nothing(monkeypatch: pytest.MonkeyPatch, w: World, arg: str,
                                        ctype: str, value: int) -> None:
     with never_reaches(monkeypatch, "pagedattn_forward"), overflow(arg, ctype, value):
@@ -334,6 +351,7 @@ def test_non_integers_are_type_errors(w: World, value: Any) -> None:
     calls: List[Tuple[str, Callable[[], Any]]] = [
         ("layer", lambda: w.forward(value)),
         ("sliding_window", lambda: w.forward(sliding_window=value)),
+        ("attention_chunk", lambda: w.forward(attention_chunk=value)),
         ("attention_type", lambda: w.forward(attention_type=value)),
         ("layer", lambda: w.cache.write(value, w.k, w.v, [0])),
         ("layer", lambda: w.cache.layer(value)),

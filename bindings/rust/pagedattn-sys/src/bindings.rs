@@ -28,6 +28,10 @@ pub const PAGEDATTN_FEATURE_CHUNKED_PREFILL: u32 = 256;
 pub const PAGEDATTN_FEATURE_HOST_SWAP: u32 = 512;
 pub const PAGEDATTN_FEATURE_GRAPH_CAPTURE: u32 = 1024;
 pub const PAGEDATTN_FEATURE_WRAP_CACHE: u32 = 2048;
+pub const PAGEDATTN_FEATURE_SINKS: u32 = 4096;
+pub const PAGEDATTN_FEATURE_CHUNKED_LOCAL: u32 = 8192;
+pub const PAGEDATTN_FEATURE_HEAD_SCALES: u32 = 16384;
+pub const PAGEDATTN_FEATURE_TREE_MASK: u32 = 32768;
 pub const PAGEDATTN_KV_CACHE_HOST: u32 = 1;
 pub type __uint8_t = ::std::os::raw::c_uchar;
 pub type __uint16_t = ::std::os::raw::c_ushort;
@@ -354,6 +358,18 @@ extern "C" {
     ) -> pagedattn_status;
 }
 extern "C" {
+    pub fn pagedattn_kv_cache_write_scaled(
+        cache: *mut pagedattn_kv_cache,
+        layer: i32,
+        key: *const pagedattn_tensor,
+        value: *const pagedattn_tensor,
+        slot_mapping: *const pagedattn_tensor,
+        k_head_scales: *const pagedattn_tensor,
+        v_head_scales: *const pagedattn_tensor,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> pagedattn_status;
+}
+extern "C" {
     pub fn pagedattn_kv_cache_copy_blocks(
         cache: *mut pagedattn_kv_cache,
         pairs: *const i32,
@@ -419,6 +435,9 @@ pub struct pagedattn_batch_desc {
     pub lens_form: pagedattn_batch_lens_form,
     pub seq_lens: *const i32,
     pub query_start_loc: *const i32,
+    pub tree_mask: *const u8,
+    pub tree_mask_indptr: *const i64,
+    pub max_tree_mask_bytes: i64,
 }
 impl Default for pagedattn_batch_desc {
     fn default() -> Self {
@@ -475,6 +494,7 @@ pub struct pagedattn_batch_info {
     pub workspace_bytes: u64,
     pub max_num_encoder_tokens: i64,
     pub max_seq_len_capacity: i64,
+    pub max_tree_mask_bytes: i64,
 }
 extern "C" {
     pub fn pagedattn_batch_get_info(
@@ -524,6 +544,10 @@ pub struct pagedattn_attention_options {
     pub v_scale: f32,
     pub alibi_slopes: *const pagedattn_tensor,
     pub flags: u32,
+    pub sinks: *const pagedattn_tensor,
+    pub attention_chunk: i32,
+    pub k_head_scales: *const pagedattn_tensor,
+    pub v_head_scales: *const pagedattn_tensor,
 }
 impl Default for pagedattn_attention_options {
     fn default() -> Self {
@@ -537,6 +561,12 @@ impl Default for pagedattn_attention_options {
 extern "C" {
     pub fn pagedattn_attention_options_init(
         opts: *mut pagedattn_attention_options,
+    ) -> pagedattn_status;
+}
+extern "C" {
+    pub fn pagedattn_attention_options_init_sized(
+        opts: *mut pagedattn_attention_options,
+        size: u32,
     ) -> pagedattn_status;
 }
 extern "C" {

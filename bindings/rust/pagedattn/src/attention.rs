@@ -35,9 +35,9 @@ impl AttentionType {
 }
 
 /// Options of one forward (`pagedattn_attention_options`, plus the stream). `Default` matches
-/// `pagedattn_attention_options_init`: scale 1/sqrt(D), no soft cap, no window, decoder,
-/// write_kv, k/v scales 1, no ALiBi, default stream. `Send + Sync`: one value may serve the
-/// forwards of many threads.
+/// `pagedattn_attention_options_init_sized`: scale 1/sqrt(D), no soft cap, no window, decoder,
+/// write_kv, k/v scales 1, no ALiBi, no sinks, no attention chunk, no per-head scales, default
+/// stream. `Send + Sync`: one value may serve the forwards of many threads.
 #[derive(Clone, Debug)]
 pub struct AttentionOptions<'a> {
     /// H: query heads.
@@ -64,6 +64,20 @@ pub struct AttentionOptions<'a> {
     pub alibi_slopes: Option<&'a Tensor<'a>>,
     /// Reserved, must be 0.
     pub flags: u32,
+    /// Optional attention sinks (gpt-oss): float32 `[num_heads]` on the backend's device.
+    /// `sinks[h]` is a logit that joins the softmax of every row of head h without a value; the
+    /// row's lse includes it. Any attention type ([`crate::Features::SINKS`]).
+    pub sinks: Option<&'a Tensor<'a>>,
+    /// Chunked local attention (Llama 4), decoder only: C > 0 lets the token at position p see
+    /// only keys k <= p with k / C == p / C; 0 = off ([`crate::Features::CHUNKED_LOCAL`]).
+    pub attention_chunk: usize,
+    /// Optional per-KV-head K scales: float32 `[num_kv_heads]` on the backend's device, used
+    /// instead of `k_scale` by fp8 caches (head h loads `float(fp8) * scales[h]`, a write with
+    /// `write_kv` stores `fp8(x / scales[h])`); other caches ignore them
+    /// ([`crate::Features::HEAD_SCALES`]).
+    pub k_head_scales: Option<&'a Tensor<'a>>,
+    /// Optional per-KV-head V scales, as `k_head_scales`.
+    pub v_head_scales: Option<&'a Tensor<'a>>,
     /// Stream the work is queued on (ignored on CPU).
     pub stream: Stream,
 }
@@ -83,6 +97,10 @@ impl Default for AttentionOptions<'_> {
             v_scale: 1.0,
             alibi_slopes: None,
             flags: 0,
+            sinks: None,
+            attention_chunk: 0,
+            k_head_scales: None,
+            v_head_scales: None,
             stream: Stream::DEFAULT,
         }
     }
@@ -94,13 +112,15 @@ impl<'a> AttentionOptions<'a> {
         AttentionOptions { num_heads, num_kv_heads, head_size, ..Default::default() }
     }
 
-    /// The C struct, holding the ALiBi descriptor it points to; an [`crate::Status::Overflow`]
-    /// error when a size does not fit int32.
+    /// The C struct, holding the tensor descriptors it points to; an
+    /// [`crate::Status::Overflow`] error when a size does not fit int32.
     pub(crate) fn to_raw(&self) -> Result<RawOptions> {
-        let alibi = self.alibi_slopes.map(Tensor::as_raw);
         let mut raw = sys::pagedattn_attention_options::default();
-        // SAFETY: valid pointer; fills defaults and struct_size.
-        unsafe { sys::pagedattn_attention_options_init(&mut raw) };
+        // SAFETY: valid pointer and its size; fills defaults and struct_size, the fields since
+        // 0.2 included.
+        unsafe {
+            sys::pagedattn_attention_options_init_sized(&mut raw, std::mem::size_of::<sys::pagedattn_attention_options>() as u32)
+        };
         raw.num_heads = to_c_i32("num_heads", self.num_heads)?;
         raw.num_kv_heads = to_c_i32("num_kv_heads", self.num_kv_heads)?;
         raw.head_size = to_c_i32("head_size", self.head_size)?;
@@ -112,18 +132,25 @@ impl<'a> AttentionOptions<'a> {
         raw.k_scale = self.k_scale;
         raw.v_scale = self.v_scale;
         raw.flags = self.flags;
-        let mut boxed = Box::new(RawOptionsInner { opts: raw, alibi });
-        boxed.opts.alibi_slopes = boxed.alibi.as_ref().map_or(ptr::null(), |t| t as *const _);
+        raw.attention_chunk = to_c_i32("attention_chunk", self.attention_chunk)?;
+        let tensors = [self.alibi_slopes, self.sinks, self.k_head_scales, self.v_head_scales].map(|t| t.map(Tensor::as_raw));
+        let mut boxed = Box::new(RawOptionsInner { opts: raw, tensors });
+        let at = |t: &Option<sys::pagedattn_tensor>| t.as_ref().map_or(ptr::null(), |t| t as *const _);
+        boxed.opts.alibi_slopes = at(&boxed.tensors[0]);
+        boxed.opts.sinks = at(&boxed.tensors[1]);
+        boxed.opts.k_head_scales = at(&boxed.tensors[2]);
+        boxed.opts.v_head_scales = at(&boxed.tensors[3]);
         Ok(RawOptions(boxed))
     }
 }
 
 pub(crate) struct RawOptionsInner {
     opts: sys::pagedattn_attention_options,
-    alibi: Option<sys::pagedattn_tensor>,
+    /// ALiBi slopes, sinks, K and V head scales.
+    tensors: [Option<sys::pagedattn_tensor>; 4],
 }
 
-/// C options plus the ALiBi descriptor they point to, pinned in a box.
+/// C options plus the tensor descriptors they point to, pinned in a box.
 pub(crate) struct RawOptions(Box<RawOptionsInner>);
 
 impl std::ops::Deref for RawOptions {

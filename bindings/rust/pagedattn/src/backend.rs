@@ -85,6 +85,12 @@ impl Features {
     pub const GRAPH_CAPTURE: Features = Features(sys::PAGEDATTN_FEATURE_GRAPH_CAPTURE);
     /// Caches over caller memory ([`KvCache::wrap`]).
     pub const WRAP_CACHE: Features = Features(sys::PAGEDATTN_FEATURE_WRAP_CACHE);
+    /// Attention sinks ([`AttentionOptions::sinks`]).
+    pub const SINKS: Features = Features(sys::PAGEDATTN_FEATURE_SINKS);
+    /// Chunked local attention ([`AttentionOptions::attention_chunk`]).
+    pub const CHUNKED_LOCAL: Features = Features(sys::PAGEDATTN_FEATURE_CHUNKED_LOCAL);
+    /// Per-KV-head fp8 scales ([`AttentionOptions::k_head_scales`], [`KvCache::write_scaled`]).
+    pub const HEAD_SCALES: Features = Features(sys::PAGEDATTN_FEATURE_HEAD_SCALES);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Features) -> bool {

@@ -9,11 +9,26 @@ use crate::{check, from_c, sys, to_c_i32, to_c_i64, Error, Result, Status};
 /// One step's sequences (`pagedattn_batch_desc`), borrowed from the caller's arrays. The arrays
 /// go to C as they are, so they have C's element types; the scalar sizes are `usize`, checked to
 /// fit C's int32 / int64 when the description is used.
+///
+/// The lengths come in one of two forms: `query_lens` + `context_lens` (the CONTEXT form), or
+/// `seq_lens` + `query_start_loc` (the SEQ form, as vLLM v1 and FlashInfer hold them), with the
+/// other form's fields left empty. Both plan the same batch:
+///
+/// ```
+/// # use pagedattn::BatchDesc;
+/// let tables = [3, 7, 1, 4];
+/// let context = BatchDesc { query_lens: &[1, 2], context_lens: &[16, 0], block_tables: Some(&tables),
+///                           block_table_stride: 2, ..BatchDesc::default() };
+/// let seq = BatchDesc { seq_lens: Some(&[17, 2]), query_start_loc: Some(&[0, 1, 3]),
+///                       block_tables: Some(&tables), block_table_stride: 2, ..BatchDesc::default() };
+/// # let _ = (context, seq);
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BatchDesc<'d> {
-    /// New tokens per sequence (>= 0); its length is the number of sequences.
+    /// New tokens per sequence (>= 0); its length is the number of sequences. Empty in the SEQ
+    /// form.
     pub query_lens: &'d [i32],
-    /// Tokens already in the cache per sequence.
+    /// Tokens already in the cache per sequence. Empty in the SEQ form.
     pub context_lens: &'d [i32],
     /// Block tables, row-major `[num_seqs][block_table_stride]`; `None` only for encoder-only.
     pub block_tables: Option<&'d [i32]>,
@@ -38,6 +53,12 @@ pub struct BatchDesc<'d> {
     /// Capacity: context_len + query_len (and encoder_len); 0 = what the tables address
     /// (`max_blocks_per_seq * block_size`, or the cross tables' reach if larger).
     pub max_seq_len: usize,
+    /// The SEQ form: context + new tokens per sequence; its length is then the number of
+    /// sequences. Goes with `query_start_loc`.
+    pub seq_lens: Option<&'d [i32]>,
+    /// The SEQ form: the row offsets, `seq_lens.len() + 1` entries (0, then the running sum of
+    /// the query lengths).
+    pub query_start_loc: Option<&'d [i32]>,
 }
 
 fn too_short(what: &str, len: usize, need: usize) -> Error {
@@ -51,10 +72,24 @@ fn opt_ptr<T>(s: Option<&[T]>) -> *const T {
 impl BatchDesc<'_> {
     /// The C struct, after checking that every array is as long as the C side will read.
     fn raw_desc(&self) -> Result<sys::pagedattn_batch_desc> {
-        let n = self.query_lens.len();
+        let seq_form = match (self.seq_lens, self.query_start_loc) {
+            (None, None) => None,
+            (Some(s), Some(q)) => Some((s, q)),
+            _ => {
+                return Err(Error::binding(Status::InvalidArgument, "seq_lens and query_start_loc go together"));
+            }
+        };
+        if seq_form.is_some() && !(self.query_lens.is_empty() && self.context_lens.is_empty()) {
+            return Err(Error::binding(
+                Status::InvalidArgument,
+                "pass query_lens and context_lens or seq_lens and query_start_loc, not both forms",
+            ));
+        }
+        let n = seq_form.map_or(self.query_lens.len(), |(s, _)| s.len());
         let mut raw = sys::pagedattn_batch_desc::default();
-        // SAFETY: valid pointer; sets struct_size.
-        unsafe { sys::pagedattn_batch_desc_init(&mut raw) };
+        // SAFETY: valid pointer and its size; zeroes the struct (the CONTEXT form) and sets
+        // struct_size, the fields since 0.2 included.
+        unsafe { sys::pagedattn_batch_desc_init_sized(&mut raw, std::mem::size_of::<sys::pagedattn_batch_desc>() as u32) };
         // Scalars first: a size C cannot hold is refused as such, whatever the arrays.
         raw.num_seqs = to_c_i32("num_seqs", n)?;
         raw.block_table_stride = to_c_i32("block_table_stride", self.block_table_stride)?;
@@ -64,7 +99,11 @@ impl BatchDesc<'_> {
         raw.max_blocks_per_seq = to_c_i32("max_blocks_per_seq", self.max_blocks_per_seq)?;
         raw.max_num_encoder_tokens = to_c_i64("max_num_encoder_tokens", self.max_num_encoder_tokens)?;
         raw.max_seq_len = to_c_i64("max_seq_len", self.max_seq_len)?;
-        if self.context_lens.len() != n {
+        if let Some((_, starts)) = seq_form {
+            if starts.len() != n + 1 {
+                return Err(too_short("query_start_loc", starts.len(), n + 1));
+            }
+        } else if self.context_lens.len() != n {
             return Err(too_short("context_lens", self.context_lens.len(), n));
         }
         let table_need = |stride: usize| n.saturating_mul(stride);
@@ -74,7 +113,10 @@ impl BatchDesc<'_> {
             }
         }
         if let Some(s) = self.slot_mapping {
-            let tokens: usize = self.query_lens.iter().map(|&q| usize::try_from(q).unwrap_or(0)).sum();
+            let tokens: usize = match seq_form {
+                Some((_, starts)) => starts.last().map_or(0, |&t| usize::try_from(t).unwrap_or(0)),
+                None => self.query_lens.iter().map(|&q| usize::try_from(q).unwrap_or(0)).sum(),
+            };
             if s.len() < tokens {
                 return Err(too_short("slot_mapping", s.len(), tokens));
             }
@@ -90,8 +132,14 @@ impl BatchDesc<'_> {
             }
         }
         // The arrays were checked against what the C side reads.
-        raw.query_lens = self.query_lens.as_ptr();
-        raw.context_lens = self.context_lens.as_ptr();
+        if let Some((seq_lens, starts)) = seq_form {
+            raw.lens_form = sys::PAGEDATTN_BATCH_LENS_SEQ;
+            raw.seq_lens = seq_lens.as_ptr();
+            raw.query_start_loc = starts.as_ptr();
+        } else {
+            raw.query_lens = self.query_lens.as_ptr();
+            raw.context_lens = self.context_lens.as_ptr();
+        }
         raw.block_tables = opt_ptr(self.block_tables);
         raw.slot_mapping = opt_ptr(self.slot_mapping);
         raw.encoder_lens = opt_ptr(self.encoder_lens);

@@ -334,6 +334,46 @@ impl<'a> KvCache<'a> {
         })
     }
 
+    /// [`KvCache::write`] with per-KV-head scales (fp8 checkpoints quantised per head,
+    /// `pagedattn_kv_cache_write_scaled`): on an fp8 cache head h of `key[t]` is stored as
+    /// `fp8(key[t][h] / k_head_scales[h])`, and likewise for values; other caches ignore the
+    /// scales. Each is a float32 `[num_kv_heads]` tensor on the cache's device, or `None` for
+    /// scale 1. A scale in host memory that is not finite and > 0 is refused
+    /// ([`Status::InvalidArgument`]) before anything is written.
+    pub fn write_scaled(
+        &self,
+        layer: usize,
+        key: &Tensor<'_>,
+        value: &Tensor<'_>,
+        slot_mapping: &Tensor<'_>,
+        k_head_scales: Option<&Tensor<'_>>,
+        v_head_scales: Option<&Tensor<'_>>,
+    ) -> Result<()> {
+        self.write_scaled_on(Stream::DEFAULT, layer, key, value, slot_mapping, k_head_scales, v_head_scales)
+    }
+
+    /// As [`KvCache::write_scaled`], queued on `stream`.
+    #[allow(clippy::too_many_arguments)] // mirrors pagedattn_kv_cache_write_scaled's arguments
+    pub fn write_scaled_on(
+        &self,
+        stream: Stream,
+        layer: usize,
+        key: &Tensor<'_>,
+        value: &Tensor<'_>,
+        slot_mapping: &Tensor<'_>,
+        k_head_scales: Option<&Tensor<'_>>,
+        v_head_scales: Option<&Tensor<'_>>,
+    ) -> Result<()> {
+        let layer = to_c_i32("layer", layer)?;
+        let (k, v, s) = (key.as_raw(), value.as_raw(), slot_mapping.as_raw());
+        let (ks, vs) = (k_head_scales.map(Tensor::as_raw), v_head_scales.map(Tensor::as_raw));
+        let at = |t: &Option<sys::pagedattn_tensor>| t.as_ref().map_or(ptr::null(), |t| t as *const _);
+        // SAFETY: descriptors of borrowed tensors; the library validates shapes, slots and scales.
+        check(unsafe {
+            sys::pagedattn_kv_cache_write_scaled(self.raw.as_ptr(), layer, &k, &v, &s, at(&ks), at(&vs), stream.as_ptr())
+        })
+    }
+
     /// Copies whole blocks (K and V, every layer) within the cache: `[src, dst]` pairs.
     pub fn copy_blocks(&self, pairs: &[[i32; 2]]) -> Result<()> {
         self.copy_blocks_on(Stream::DEFAULT, pairs)

@@ -99,6 +99,10 @@ fn read_i32(path: PathBuf) -> Vec<i32> {
     fs::read(path).unwrap().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
+fn read_f32(path: PathBuf) -> Vec<f32> {
+    fs::read(path).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
 fn read_i64(path: PathBuf) -> Vec<i64> {
     fs::read(path).unwrap().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect()
 }
@@ -126,6 +130,15 @@ fn run_case(dir: &Path) -> Result<(), String> {
     };
     let enc_only = attention == AttentionType::EncoderOnly;
     let pairs: Vec<[i32; 2]> = m.list("pairs").chunks_exact(2).map(|p| [p[0], p[1]]).collect();
+    // Per-KV-head scales (head_scales 1): the context writes and the forward use them.
+    let head_scales = m.i("head_scales") != 0;
+    let (khs, vhs) = if head_scales {
+        (read_f32(file("k_head_scales.bin")), read_f32(file("v_head_scales.bin")))
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let khs_t = Tensor::new(&khs, DType::F32, &[khs.len()]).unwrap();
+    let vhs_t = Tensor::new(&vhs, DType::F32, &[vhs.len()]).unwrap();
 
     let mut out = Buf::poisoned(t * h * d, out_dtype);
     let mut lse = vec![f32::NAN; t * h];
@@ -183,8 +196,12 @@ fn run_case(dir: &Path) -> Result<(), String> {
                 let k = Buf::from_bytes(&ctx_k[l * per_layer..][..per_layer], dtype);
                 let v = Buf::from_bytes(&ctx_v[l * per_layer..][..per_layer], dtype);
                 let shape = [num_ctx, hkv, d];
-                step!('run, "kv_cache_write", c.write(l, &k.tensor(dtype, &shape), &v.tensor(dtype, &shape),
-                      &Tensor::from_i64(&slots), m.f("k_scale"), m.f("v_scale")));
+                let (kt, vt, st) = (k.tensor(dtype, &shape), v.tensor(dtype, &shape), Tensor::from_i64(&slots));
+                if head_scales {
+                    step!('run, "kv_cache_write", c.write_scaled(l, &kt, &vt, &st, Some(&khs_t), Some(&vhs_t)));
+                } else {
+                    step!('run, "kv_cache_write", c.write(l, &kt, &vt, &st, m.f("k_scale"), m.f("v_scale")));
+                }
             }
         }
         // A refusal after the context write must leave the cache as the write left it.
@@ -222,6 +239,8 @@ fn run_case(dir: &Path) -> Result<(), String> {
                     Vec::new()
                 };
                 let alibi = Tensor::new(&slopes, DType::F32, &[slopes.len()]).unwrap();
+                let sinks = if m.i("sinks") != 0 { read_f32(file("sinks.bin")) } else { Vec::new() };
+                let sinks_t = (m.i("sinks") != 0).then(|| Tensor::new(&sinks, DType::F32, &[m.i("sinks_len")]).unwrap());
                 let options = AttentionOptions {
                     num_heads: h,
                     num_kv_heads: m.i("opt_num_kv_heads"),
@@ -234,6 +253,10 @@ fn run_case(dir: &Path) -> Result<(), String> {
                     k_scale: m.f("k_scale"),
                     v_scale: m.f("v_scale"),
                     alibi_slopes: if m.i("alibi") != 0 { Some(&alibi) } else { None },
+                    sinks: sinks_t.as_ref(),
+                    attention_chunk: m.i("attention_chunk"),
+                    k_head_scales: if head_scales { Some(&khs_t) } else { None },
+                    v_head_scales: if head_scales { Some(&vhs_t) } else { None },
                     ..AttentionOptions::default()
                 };
                 let q = Buf::from_bytes(&fs::read(file("q.bin")).unwrap(), dtype);
