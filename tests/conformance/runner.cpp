@@ -107,7 +107,8 @@ struct Case {
   int num_layers = 1, layer = 0, num_blocks = 64, block_size = 16, num_heads = 4, num_kv_heads = 2,
       head_size = 64, opt_num_kv_heads = -1, write_kv = -1, sliding_window = 0, alibi = 0, lse = 0,
       null_batch = 0, bad_table_entry = 0, table_stride = -1, bad_slot = 0, dst_num_blocks = -1,
-      sinks = 0, sinks_len = -1, attention_chunk = 0, head_scales = 0, bad_head_scale = 0;
+      sinks = 0, sinks_len = -1, attention_chunk = 0, head_scales = 0, bad_head_scale = 0, tree = 0,
+      bad_tree_mask = 0;
   float scale = 0, soft_cap = 0, k_scale = 1, v_scale = 1;
   std::vector<int32_t> query_lens, context_lens, encoder_lens, pairs;
 };
@@ -195,6 +196,8 @@ Case resolve(const RawCase& rc) {
     else if (k == "attention_chunk") c.attention_chunk = i1();
     else if (k == "head_scales") c.head_scales = i1();
     else if (k == "bad_head_scale") c.bad_head_scale = i1();
+    else if (k == "tree") c.tree = i1();
+    else if (k == "bad_tree_mask") c.bad_tree_mask = i1();
     else if (k == "lse") c.lse = i1();
     else if (k == "k_scale") c.k_scale = std::stof(one());
     else if (k == "v_scale") c.v_scale = std::stof(one());
@@ -216,6 +219,8 @@ Case resolve(const RawCase& rc) {
   if (c.dst_num_blocks < 0) c.dst_num_blocks = c.num_blocks;
   if (c.sinks_len < 0) c.sinks_len = c.num_heads;
   if (c.bad_head_scale && !c.head_scales) die(c.name + ": bad_head_scale needs head_scales 1");
+  if (c.bad_tree_mask && !c.tree) die(c.name + ": bad_tree_mask needs tree 1");
+  if (c.tree && c.op != "forward") die(c.name + ": tree needs op forward");
   if (c.context_lens.empty()) c.context_lens.assign(c.query_lens.size(), 0);
   if (c.context_lens.size() != c.query_lens.size()) die(c.name + ": context_lens size");
   if (!c.encoder_lens.empty() && c.encoder_lens.size() != c.query_lens.size()) die(c.name + ": encoder_lens size");
@@ -329,8 +334,9 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
     return static_cast<int64_t>(row[pos / bs]) * bs + pos % bs;
   };
 
-  // Context rows: positions 0..context_len-1 (or the encoder tokens of a non-writing cross
-  // forward, or every slot for copy/swap). ctx_start[i] = first context row of sequence i.
+  // Context rows: positions 0..context_len-1 (0..context_len+query_len-1 for a non-writing
+  // decoder forward; the encoder tokens of a non-writing cross forward; every slot for
+  // copy/swap). ctx_start[i] = first context row of sequence i.
   std::vector<int64_t> ctx_slots;
   std::vector<int64_t> ctx_start(S + 1, 0);
   if (fwd && !encoder) {
@@ -340,7 +346,9 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
         if (!c.write_kv)
           for (int p = 0; p < c.encoder_lens[i]; ++p) ctx_slots.push_back(slot_of(xrows[i], p));
       } else {
-        for (int p = 0; p < c.context_lens[i]; ++p) ctx_slots.push_back(slot_of(rows[i], p));
+        // A decoder forward with write_kv 0 reads the step's keys too: the caller wrote them.
+        const int upto = c.context_lens[i] + (c.write_kv ? 0 : c.query_lens[i]);
+        for (int p = 0; p < upto; ++p) ctx_slots.push_back(slot_of(rows[i], p));
       }
     }
     ctx_start[S] = static_cast<int64_t>(ctx_slots.size());
@@ -383,6 +391,43 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
     for (float& s : vhs) s = kChoices[rng.below(4)];
     if (c.bad_head_scale) khs[0] = 0.0f;
   }
+  // Tree masks (docs/semantics.md 4.7): a sequence with new tokens gets a random draft tree
+  // (token r > 0 hangs under a parent drawn from 0..r-1 and sees its parent's row plus itself)
+  // unless a draw of next() % 4 gives 0 (its segment is then empty: causal). tree_bits keeps
+  // the unpacked q x q matrices (empty = causal) for the reference.
+  std::vector<uint8_t> tree_mask;
+  std::vector<int64_t> tree_indptr;
+  std::vector<std::vector<uint8_t>> tree_bits(static_cast<size_t>(S));
+  if (c.tree) {
+    tree_indptr.push_back(0);
+    int64_t first_masked = -1;
+    for (int i = 0; i < S; ++i) {
+      const int64_t nq = c.query_lens[i];
+      if (nq >= 1 && rng.below(4) != 0) {
+        std::vector<uint8_t>& m = tree_bits[static_cast<size_t>(i)];
+        m.assign(static_cast<size_t>(nq * nq), 0);
+        for (int64_t r = 0; r < nq; ++r) {
+          if (r > 0) {
+            const int64_t parent = static_cast<int64_t>(rng.below(static_cast<uint64_t>(r)));
+            std::copy_n(&m[parent * nq], nq, &m[r * nq]);
+          }
+          m[r * nq + r] = 1;
+        }
+        if (first_masked < 0) first_masked = i;
+        const size_t at = tree_mask.size();
+        tree_mask.resize(at + static_cast<size_t>((nq * nq + 7) / 8), 0);
+        for (int64_t b = 0; b < nq * nq; ++b)
+          if (m[b]) tree_mask[at + b / 8] |= static_cast<uint8_t>(1u << (b % 8));
+      }
+      tree_indptr.push_back(static_cast<int64_t>(tree_mask.size()));
+    }
+    if (c.bad_tree_mask) {
+      // Clears the diagonal bit of the last row of the first masked sequence.
+      if (first_masked < 0) die(c.name + ": bad_tree_mask but no sequence got a mask");
+      const int64_t nq = c.query_lens[first_masked], b = nq * nq - 1;
+      tree_mask[static_cast<size_t>(tree_indptr[first_masked] + b / 8)] &= static_cast<uint8_t>(~(1u << (b % 8)));
+    }
+  }
   std::vector<int32_t> pairs = c.pairs;
 
   // Inputs to disk.
@@ -396,6 +441,10 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
     if (cross) write_vec(dir + "/cross_tables.bin", xtables);
     if (c.alibi) write_vec(dir + "/alibi.bin", slopes);
     if (c.sinks) write_vec(dir + "/sinks.bin", sinks);
+    if (c.tree) {
+      write_vec(dir + "/tree_mask.bin", tree_mask);
+      write_vec(dir + "/tree_mask_indptr.bin", tree_indptr);
+    }
   } else {
     write_vec(dir + "/pairs.bin", pairs);
   }
@@ -483,7 +532,7 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
     }
     if (fwd) {
       pagedattn_batch_desc bd;
-      pagedattn_batch_desc_init(&bd);
+      pagedattn_batch_desc_init_sized(&bd, sizeof bd);
       bd.num_seqs = S;
       bd.query_lens = c.query_lens.data();
       bd.context_lens = c.context_lens.data();
@@ -493,6 +542,10 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
         bd.encoder_lens = c.encoder_lens.data();
         bd.cross_block_tables = xtables.data();
         bd.cross_block_table_stride = xstride;
+      }
+      if (c.tree) {
+        bd.tree_mask = tree_mask.data();
+        bd.tree_mask_indptr = tree_indptr.data();
       }
       if (refusal && cache && read_all(cache, nb, before) != PAGEDATTN_OK) {
         fail = "read_blocks failed: " + std::string(pagedattn_last_error());
@@ -636,13 +689,22 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
         }
       } else if (encoder) {
         for (int64_t e = 0; e < nq; ++e) push(k, v, qstart[i] + e, false);
+      } else if (!c.write_kv) {
+        for (int64_t p = 0; p < c.context_lens[i] + nq; ++p) push(ctx_k, ctx_v, loff + ctx_start[i] + p, true);
       } else {
         for (int p = 0; p < c.context_lens[i]; ++p) push(ctx_k, ctx_v, loff + ctx_start[i] + p, true);
         for (int64_t p = 0; p < nq; ++p) push(k, v, qstart[i] + p, true);
       }
       for (int64_t j = 0; j < nq; ++j) qpos.push_back(encoder ? j : c.context_lens[i] + j);
       for (int64_t e = 0; e < nq * H * D; ++e) qf.push_back(static_cast<float>(q.val[qstart[i] * H * D + e]));
-      pat::ref_attend(rp, nq, qf.data(), qpos.data(), static_cast<int64_t>(kk.size() / row), kk.data(),
+      pat::RefParams rs = rp;
+      const std::vector<uint8_t>& bits = tree_bits[static_cast<size_t>(i)];
+      if (!bits.empty()) {
+        rs.tree = bits.data();
+        rs.tree_ctx = c.context_lens[i];
+        rs.tree_q = nq;
+      }
+      pat::ref_attend(rs, nq, qf.data(), qpos.data(), static_cast<int64_t>(kk.size() / row), kk.data(),
                       vv.data(), &ref[static_cast<size_t>(qstart[i]) * H * D],
                       &ref_lse[static_cast<size_t>(qstart[i]) * H]);
     }
@@ -683,6 +745,7 @@ std::string run_case(const Case& c, const std::string& dir, double* max_rel_out)
        << "\nsoft_cap " << fmt_float(c.soft_cap) << "\nsliding_window " << c.sliding_window << "\nalibi "
        << c.alibi << "\nsinks " << c.sinks << "\nsinks_len " << c.sinks_len << "\nattention_chunk "
        << c.attention_chunk << "\nhead_scales " << c.head_scales << "\nbad_head_scale " << c.bad_head_scale
+       << "\ntree " << c.tree << "\nbad_tree_mask " << c.bad_tree_mask
        << "\nlse " << c.lse << "\nk_scale " << fmt_float(c.k_scale) << "\nv_scale "
        << fmt_float(c.v_scale) << "\nout_dtype " << dtype_key(c.out_dtype) << "\nnull_batch " << c.null_batch
        << "\nbad_table_entry " << c.bad_table_entry << "\ntable_stride " << (enc_only ? 0 : stride)

@@ -43,6 +43,7 @@ const (
 	FeatureSinks          Features = 1 << 12 // attention sinks (AttentionOptions.Sinks)
 	FeatureChunkedLocal   Features = 1 << 13 // AttentionOptions.AttentionChunk
 	FeatureHeadScales     Features = 1 << 14 // per-KV-head fp8 scales (AttentionOptions, KVCache.WriteScaled)
+	FeatureTreeMask       Features = 1 << 15 // speculative-decoding tree masks (BatchDesc.TreeMask)
 )
 
 // Has reports whether every bit of f is set.

@@ -1,6 +1,7 @@
 package pagedattn
 
 import (
+	"math"
 	"runtime"
 )
 
@@ -31,6 +32,51 @@ type BatchDesc struct {
 	// lengths).
 	SeqLens       []int32
 	QueryStartLoc []int32
+	// Speculative-decoding tree masks (docs/semantics.md 4.7), packed: sequence i's segment is
+	// TreeMask[TreeMaskIndptr[i]:TreeMaskIndptr[i+1]], empty (causal among its new tokens) or a
+	// q x q bit matrix (q its query length), row-major, least significant bit first: bit r*q + j
+	// set means new token r sees new token j. Every diagonal bit is set and none above it; the
+	// context is always visible. TreeMaskIndptr has num_seqs + 1 entries, 0 then non-decreasing.
+	// Both nil: no masks. PackTreeMasks builds both from boolean matrices.
+	TreeMask       []byte
+	TreeMaskIndptr []int64
+	// Capacity for updates: mask bytes (0 = this step's TreeMaskIndptr[num_seqs], so a batch
+	// that updates into masked steps is created with this set).
+	MaxTreeMaskBytes int64
+}
+
+// PackTreeMasks packs per-sequence tree masks as BatchDesc.TreeMask and TreeMaskIndptr hold
+// them. masks[i] is nil (causal among sequence i's new tokens) or its q x q boolean matrix,
+// row-major (m[r*q+j]: new token r sees new token j), packed into exactly ceil(q*q/8) bytes,
+// least significant bit first (numpy's packbits(m.reshape(-1), bitorder="little")). It returns
+// the bytes and the len(masks) + 1 offsets, or an InvalidArgument error for a matrix whose
+// length is not a square.
+func PackTreeMasks(masks [][]bool) ([]byte, []int64, error) {
+	var mask []byte
+	indptr := make([]int64, 1, len(masks)+1)
+	for i, m := range masks {
+		if m != nil {
+			q := int(math.Sqrt(float64(len(m))))
+			for q*q > len(m) {
+				q--
+			}
+			for (q+1)*(q+1) <= len(m) {
+				q++
+			}
+			if q*q != len(m) {
+				return nil, nil, goError(InvalidArgument, "tree mask %d has %d entries, not the q * q of a square matrix", i, len(m))
+			}
+			at := len(mask)
+			mask = append(mask, make([]byte, (len(m)+7)/8)...)
+			for b, set := range m {
+				if set {
+					mask[at+b/8] |= 1 << (b % 8)
+				}
+			}
+		}
+		indptr = append(indptr, int64(len(mask)))
+	}
+	return mask, indptr, nil
 }
 
 // seqForm reports whether d carries its lengths in the SEQ form.
@@ -86,6 +132,24 @@ func (d *BatchDesc) check() error {
 	if d.CrossBlockTables != nil && d.CrossBlockTableStride > 0 && len(d.CrossBlockTables) < n*d.CrossBlockTableStride {
 		return goError(InvalidArgument, "cross_block_tables has %d entries, needs %d", len(d.CrossBlockTables), n*d.CrossBlockTableStride)
 	}
+	if (d.TreeMask == nil) != (d.TreeMaskIndptr == nil) {
+		return goError(InvalidArgument, "TreeMask and TreeMaskIndptr go together")
+	}
+	if d.TreeMaskIndptr != nil {
+		if len(d.TreeMaskIndptr) != n+1 {
+			return goError(InvalidArgument, "tree_mask_indptr has %d entries, needs %d", len(d.TreeMaskIndptr), n+1)
+		}
+		// The library reads a sequence's bytes up to its next offset.
+		var reach int64
+		for _, o := range d.TreeMaskIndptr {
+			if o > reach {
+				reach = o
+			}
+		}
+		if int64(len(d.TreeMask)) < reach {
+			return goError(InvalidArgument, "tree_mask has %d bytes, tree_mask_indptr reaches %d", len(d.TreeMask), reach)
+		}
+	}
 	return nil
 }
 
@@ -98,6 +162,8 @@ func (d *BatchDesc) keepAlive() {
 	runtime.KeepAlive(d.CrossBlockTables)
 	runtime.KeepAlive(d.SeqLens)
 	runtime.KeepAlive(d.QueryStartLoc)
+	runtime.KeepAlive(d.TreeMask)
+	runtime.KeepAlive(d.TreeMaskIndptr)
 }
 
 // BatchInfo summarises a planned batch.
@@ -119,6 +185,7 @@ type BatchInfo struct {
 	// The remaining capacities planned for.
 	MaxNumEncoderTokens int64
 	MaxSeqLenCapacity   int64 // what MaxSeqLen may reach through Update
+	MaxTreeMaskBytes    int64 // tree mask bytes a step may use (0: none)
 }
 
 // Batch is a validated and planned batch. Forwards may share it concurrently; Update and Close

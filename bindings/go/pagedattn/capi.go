@@ -185,12 +185,13 @@ static pagedattn_status go_load_blocks(pagedattn_kv_cache* c, int32_t* ids, size
 typedef struct {
   int32_t num_seqs, block_table_stride, cross_block_table_stride, max_num_seqs, max_blocks_per_seq,
       lens_form;
-  int64_t max_num_tokens, max_num_encoder_tokens, max_seq_len;
+  int64_t max_num_tokens, max_num_encoder_tokens, max_seq_len, max_tree_mask_bytes;
 } go_batch_desc;
 
 // The 0.2 struct (init_sized); in the SEQ form q and c carry seq_lens and query_start_loc.
 static void go_batch_fill(pagedattn_batch_desc* d, go_batch_desc* g, int32_t* q, int32_t* c,
-                          int32_t* tables, int64_t* slots, int32_t* enc, int32_t* xtables) {
+                          int32_t* tables, int64_t* slots, int32_t* enc, int32_t* xtables,
+                          uint8_t* tree, int64_t* tree_indptr) {
   pagedattn_batch_desc_init_sized(d, sizeof *d);
   d->num_seqs = g->num_seqs;
   if (g->lens_form == PAGEDATTN_BATCH_LENS_SEQ) {
@@ -212,22 +213,25 @@ static void go_batch_fill(pagedattn_batch_desc* d, go_batch_desc* g, int32_t* q,
   d->max_blocks_per_seq = g->max_blocks_per_seq;
   d->max_num_encoder_tokens = g->max_num_encoder_tokens;
   d->max_seq_len = g->max_seq_len;
+  d->tree_mask = tree;
+  d->tree_mask_indptr = tree_indptr;
+  d->max_tree_mask_bytes = g->max_tree_mask_bytes;
 }
 
 static pagedattn_status go_batch_create(pagedattn_batch** out, pagedattn_backend* b, pagedattn_kv_cache* c,
                                         pagedattn_kv_cache* x, go_batch_desc* g, int32_t* q, int32_t* cl,
                                         int32_t* tables, int64_t* slots, int32_t* enc, int32_t* xtables,
-                                        char* err) {
+                                        uint8_t* tree, int64_t* tree_indptr, char* err) {
   pagedattn_batch_desc d;
-  go_batch_fill(&d, g, q, cl, tables, slots, enc, xtables);
+  go_batch_fill(&d, g, q, cl, tables, slots, enc, xtables, tree, tree_indptr);
   return go_keep(pagedattn_batch_create(out, b, c, x, &d), err);
 }
 
 static pagedattn_status go_batch_update(pagedattn_batch* b, go_batch_desc* g, int32_t* q, int32_t* cl,
                                         int32_t* tables, int64_t* slots, int32_t* enc, int32_t* xtables,
-                                        char* err) {
+                                        uint8_t* tree, int64_t* tree_indptr, char* err) {
   pagedattn_batch_desc d;
-  go_batch_fill(&d, g, q, cl, tables, slots, enc, xtables);
+  go_batch_fill(&d, g, q, cl, tables, slots, enc, xtables, tree, tree_indptr);
   return go_keep(pagedattn_batch_update(b, &d), err);
 }
 
@@ -719,6 +723,23 @@ func lensArrays(d *BatchDesc) (*C.int32_t, *C.int32_t) {
 	return i32Ptr(d.QueryLens), i32Ptr(d.ContextLens)
 }
 
+// treeArrays returns d's tree mask bytes and offsets (NULL when nil; a non-NULL pointer for an
+// empty mask, from which C reads nothing).
+func treeArrays(d *BatchDesc) (*C.uint8_t, *C.int64_t) {
+	var mask *C.uint8_t
+	var indptr *C.int64_t
+	if d.TreeMask != nil {
+		mask = (*C.uint8_t)(unsafe.Pointer(&emptyArray[0]))
+		if len(d.TreeMask) > 0 {
+			mask = (*C.uint8_t)(unsafe.Pointer(&d.TreeMask[0]))
+		}
+	}
+	if len(d.TreeMaskIndptr) > 0 {
+		indptr = (*C.int64_t)(unsafe.Pointer(&d.TreeMaskIndptr[0]))
+	}
+	return mask, indptr
+}
+
 func cBatchDesc(d *BatchDesc) (C.go_batch_desc, *C.int64_t, error) {
 	var ck ints
 	g := C.go_batch_desc{
@@ -730,6 +751,7 @@ func cBatchDesc(d *BatchDesc) (C.go_batch_desc, *C.int64_t, error) {
 		max_num_tokens:           C.int64_t(d.MaxNumTokens),
 		max_num_encoder_tokens:   C.int64_t(d.MaxNumEncoderTokens),
 		max_seq_len:              C.int64_t(d.MaxSeqLen),
+		max_tree_mask_bytes:      C.int64_t(d.MaxTreeMaskBytes),
 	}
 	if d.seqForm() {
 		g.lens_form = C.PAGEDATTN_BATCH_LENS_SEQ
@@ -753,9 +775,10 @@ func cBatchCreate(be, cache, cross unsafe.Pointer, d *BatchDesc) (unsafe.Pointer
 	}
 	var out *C.pagedattn_batch
 	q, c := lensArrays(d)
+	tree, treeIndptr := treeArrays(d)
 	st := C.go_batch_create(&out, (*C.pagedattn_backend)(be), (*C.pagedattn_kv_cache)(cache),
 		(*C.pagedattn_kv_cache)(cross), &g, q, c, i32Ptr(d.BlockTables),
-		slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), e.ptr())
+		slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), tree, treeIndptr, e.ptr())
 	return unsafe.Pointer(out), result(st, &e)
 }
 
@@ -766,8 +789,9 @@ func cBatchUpdate(b unsafe.Pointer, d *BatchDesc) error {
 		return err
 	}
 	q, c := lensArrays(d)
+	tree, treeIndptr := treeArrays(d)
 	st := C.go_batch_update((*C.pagedattn_batch)(b), &g, q, c,
-		i32Ptr(d.BlockTables), slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), e.ptr())
+		i32Ptr(d.BlockTables), slots, i32Ptr(d.EncoderLens), i32Ptr(d.CrossBlockTables), tree, treeIndptr, e.ptr())
 	return result(st, &e)
 }
 
@@ -785,7 +809,8 @@ func cBatchInfo(p unsafe.Pointer) (BatchInfo, error) {
 		MaxNumSeqs: int(i.max_num_seqs), MaxNumTokens: int64(i.max_num_tokens),
 		MaxBlocksPerSeq: int(i.max_blocks_per_seq), BlockSize: int(i.block_size),
 		HostBytes: uint64(i.host_bytes), WorkspaceBytes: uint64(i.workspace_bytes),
-		MaxNumEncoderTokens: int64(i.max_num_encoder_tokens), MaxSeqLenCapacity: int64(i.max_seq_len_capacity)}, nil
+		MaxNumEncoderTokens: int64(i.max_num_encoder_tokens), MaxSeqLenCapacity: int64(i.max_seq_len_capacity),
+		MaxTreeMaskBytes: int64(i.max_tree_mask_bytes)}, nil
 }
 
 func cBatchI64(p unsafe.Pointer, which int) ([]int64, error) {

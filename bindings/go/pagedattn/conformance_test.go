@@ -263,6 +263,11 @@ func runCase(dir string) (string, error) {
 				bd.CrossBlockTableStride = m.i("cross_table_stride")
 				cross = cache
 			}
+			// Tree masks (tree 1) as the runner packed them: bytes and offsets.
+			if m.i("tree") != 0 {
+				bd.TreeMask = append([]byte{}, mustRead("tree_mask.bin")...) // non-nil, even if empty
+				bd.TreeMaskIndptr = readI64(file("tree_mask_indptr.bin"))
+			}
 			batch, err := NewBatch(be, cache, cross, bd)
 			if err != nil {
 				return &stepError{"batch_create", err}, nil

@@ -143,6 +143,13 @@ func (s *scene) forward(be *Backend, b *Batch, c *KVCache, o *AttentionOptions) 
 
 // reference is float64 decoder attention with optional sinks and attention chunk: out and lse.
 func (s *scene) reference(sinks []float32, chunk int) ([]float64, []float64) {
+	return s.referenceMasked(sinks, chunk, nil)
+}
+
+// referenceMasked is reference with tree masks: masks[i] is nil (causal) or sequence i's q x q
+// row-major matrix (m[r*q+j]: new token r sees new token j; the context stays visible). masks
+// may be nil (no masks).
+func (s *scene) referenceMasked(sinks []float32, chunk int, masks [][]bool) ([]float64, []float64) {
 	t, row, scale := s.tokens(), scHKV*scD, 1/math.Sqrt(scD)
 	out := make([]float64, t*scH*scD)
 	lse := make([]float64, t*scH)
@@ -152,9 +159,13 @@ func (s *scene) reference(sinks []float32, chunk int) ([]float64, []float64) {
 			p := l[1] + j
 			var pos []int
 			for k := 0; k <= p; k++ {
-				if chunk == 0 || k/chunk == p/chunk {
-					pos = append(pos, k)
+				if chunk > 0 && k/chunk != p/chunk {
+					continue
 				}
+				if masks != nil && masks[i] != nil && k >= l[1] && !masks[i][j*l[0]+k-l[1]] {
+					continue
+				}
+				pos = append(pos, k)
 			}
 			for h := 0; h < scH; h++ {
 				kh := h / (scH / scHKV)

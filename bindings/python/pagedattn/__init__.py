@@ -24,7 +24,7 @@ Example (one decode step)::
 
 from ._attention import forward, merge_states
 from ._backend import Backend, BackendInfo, Capabilities, MemoryUsage, backends
-from ._batch import Batch, BatchInfo
+from ._batch import Batch, BatchInfo, pack_tree_masks
 from ._cache import CacheDesc, KVCache, bytes_per_block
 from ._ffi import library_path
 from ._log import LogLevel, log_to_logging, set_log_callback
@@ -53,5 +53,5 @@ __all__ = [
     "PagedAttnValueError", "Status", "backends", "bytes_per_block", "dtype_from_dlpack",
     "dtype_name", "dtype_size", "dtype_to_dlpack",
     "forward", "from_bfloat16", "last_error", "library_path", "log_to_logging", "merge_states",
-    "set_log_callback", "status_string", "to_bfloat16", "version", "version_string",
+    "pack_tree_masks", "set_log_callback", "status_string", "to_bfloat16", "version", "version_string",
 ]

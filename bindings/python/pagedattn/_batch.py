@@ -134,6 +134,100 @@ def _desc_template() -> _ffi.BatchDescStruct:
 _LENS_CONTEXT, _LENS_SEQ = 0, 1  # PAGEDATTN_BATCH_LENS_*
 
 
+def pack_tree_masks(masks: Any) -> Tuple[np.ndarray, np.ndarray]:
+    """Packs per-sequence tree masks as the library reads them (docs/semantics.md 4.7).
+
+    Args:
+        masks: one entry per sequence: ``None`` (causal among its new tokens) or a ``q x q``
+            boolean matrix (numpy, or anything ``np.asarray`` takes; integer matrices count
+            non-zero as set) where ``m[r, j]`` says new token r sees new token j.
+
+    Returns:
+        ``(tree_mask, tree_mask_indptr)``: the uint8 bytes, each matrix row-major and least
+        significant bit first (``np.packbits(m.reshape(-1), bitorder="little")``, exactly
+        ``ceil(q*q / 8)`` bytes; an empty segment for ``None``), and the int64 byte offsets
+        (``len(masks) + 1`` entries from 0).
+
+    Raises:
+        ValueError: a mask that is not a square matrix.
+        TypeError: a mask that is neither boolean nor integer.
+    """
+    parts: List[np.ndarray] = []
+    indptr = [0]
+    for i, m in enumerate(masks):
+        if m is not None:
+            a = np.asarray(m)
+            if a.ndim != 2 or a.shape[0] != a.shape[1]:
+                raise ValueError(f"tree_mask[{i}]: expected a square q x q matrix, got shape "
+                                 f"{a.shape}")
+            if a.dtype != np.bool_:
+                if a.dtype.kind not in "iu":
+                    raise TypeError(f"tree_mask[{i}]: expected a boolean matrix, got dtype "
+                                    f"{a.dtype}")
+                a = a != 0
+            packed = np.packbits(a.reshape(-1), bitorder="little")
+            parts.append(packed)
+            indptr.append(indptr[-1] + packed.size)
+        else:
+            indptr.append(indptr[-1])
+    mask = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
+    return mask, np.asarray(indptr, dtype=np.int64)
+
+
+def _packed_mask(x: Any) -> Optional[np.ndarray]:
+    """``x`` as a 1-D uint8 array if it is an already-packed mask (bytes, bytearray,
+    memoryview, or a 1-D uint8 array), else None (a per-sequence list)."""
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return np.frombuffer(bytes(x), dtype=np.uint8)
+    if isinstance(x, (list, tuple)) or not hasattr(x, "__array__"):
+        return None
+    a = np.asarray(x)
+    if a.ndim == 1 and a.dtype == np.uint8:
+        return np.ascontiguousarray(a)
+    return None
+
+
+def _tree(tree_mask: Any, tree_mask_indptr: Any, n: int, query_lens: Any
+          ) -> Tuple[Optional[_Ints], Optional[_Ints]]:
+    """The packed tree mask bytes and their offsets, or (None, None) without masks.
+    ``query_lens()`` gives the sequences' query lengths (checked against the matrices)."""
+    if tree_mask is None:
+        if tree_mask_indptr is not None:
+            raise ValueError("tree_mask_indptr goes with a packed tree_mask")
+        return None, None
+    packed = _packed_mask(tree_mask)
+    if packed is None:
+        if tree_mask_indptr is not None:
+            raise ValueError("tree_mask_indptr goes with a packed tree_mask (bytes or a uint8 "
+                             "array); a list of matrices is packed by the binding")
+        masks = list(tree_mask)
+        if len(masks) != n:
+            raise ValueError(f"tree_mask has {len(masks)} entries, needs {n} (one per "
+                             f"sequence, None for causal)")
+        qs = query_lens()
+        for i, m in enumerate(masks):
+            shape = np.shape(m) if m is not None else None
+            if shape is not None and shape != (qs[i], qs[i]):
+                raise ValueError(f"tree_mask[{i}] has shape {shape}, needs ({qs[i]}, {qs[i]}) "
+                                 f"(sequence {i}'s query length)")
+        packed, indptr = pack_tree_masks(masks)
+        ip = _numpy_ints(indptr)
+    else:
+        if tree_mask_indptr is None:
+            raise ValueError("a packed tree_mask needs tree_mask_indptr (num_seqs + 1 byte "
+                             "offsets)")
+        ip = _ints(tree_mask_indptr, np.int64, "tree_mask_indptr")
+        if ip.size != n + 1:
+            raise ValueError(f"tree_mask_indptr has {ip.size} entries, needs {n + 1} "
+                             f"(num_seqs + 1)")
+        # The library reads a sequence's bytes up to its next offset.
+        reach = int(np.asarray(ip.owner).max())
+        if packed.size < reach:
+            raise ValueError(f"tree_mask has {packed.size} bytes, tree_mask_indptr reaches "
+                             f"{reach}")
+    return _numpy_ints(packed), ip
+
+
 def _lens(query_lens: Any, context_lens: Any, seq_lens: Any, query_start_loc: Any
           ) -> Tuple[int, Optional[_Ints], Optional[_Ints], Optional[_Ints], Optional[_Ints]]:
     """The length arrays of one form: (num_seqs, query_lens, context_lens, seq_lens,
@@ -165,13 +259,22 @@ def _lens(query_lens: Any, context_lens: Any, seq_lens: Any, query_start_loc: An
 def _desc(query_lens: Any, context_lens: Any, block_tables: Any, slot_mapping: Any,
           encoder_lens: Any, cross_block_tables: Any,
           kept: Tuple[Optional[_Ints], Optional[_Ints]] = (None, None),
-          seq_lens: Any = None, query_start_loc: Any = None
+          seq_lens: Any = None, query_start_loc: Any = None, tree_mask: Any = None,
+          tree_mask_indptr: Any = None
           ) -> Tuple[_ffi.BatchDescStruct, Tuple[Any, ...]]:
     """The C batch desc of one step and the arrays it points to (to keep alive). ``kept``:
     the encoder_lens and cross tables an update reuses when it does not pass them. The
     lengths are ``query_lens`` + ``context_lens`` (CONTEXT form) or ``seq_lens`` +
-    ``query_start_loc`` (SEQ form)."""
+    ``query_start_loc`` (SEQ form); ``tree_mask`` is a list of matrices or packed bytes with
+    ``tree_mask_indptr``."""
     n, q, c, sl, qsl = _lens(query_lens, context_lens, seq_lens, query_start_loc)
+
+    def qlens() -> List[int]:
+        if qsl is not None:
+            return np.diff(np.asarray(qsl.owner, dtype=np.int64)).tolist()
+        return np.asarray(q.owner if q is not None else [], dtype=np.int64).tolist()
+
+    tm, tmi = _tree(tree_mask, tree_mask_indptr, n, qlens)
     tables = _table(block_tables, "block_tables")
     sm = None if slot_mapping is None else _ints(slot_mapping, np.int64, "slot_mapping")
     enc = None if encoder_lens is None else _ints(encoder_lens, np.int32, "encoder_lens")
@@ -219,7 +322,9 @@ def _desc(query_lens: Any, context_lens: Any, block_tables: Any, slot_mapping: A
     if xt is not None:
         d.cross_block_tables = xt.address
         d.cross_block_table_stride = checked_int(xt.width, "int32", "cross_block_tables width")
-    return d, (q, c, tables, sm, enc, xt, sl, qsl)
+    if tm is not None and tmi is not None:
+        d.tree_mask, d.tree_mask_indptr = tm.address, tmi.address
+    return d, (q, c, tables, sm, enc, xt, sl, qsl, tm, tmi)
 
 
 class Batch(_Handle):
@@ -246,6 +351,16 @@ class Batch(_Handle):
         max_seq_len: capacity for context_len + query_len (and encoder_len); 0 = what the
             tables can address: ``max_blocks_per_seq * block_size``, or the cross tables' width
             times the cross cache's block size if larger.
+        tree_mask: speculative-decoding tree masks (docs/semantics.md 4.7): a list with one
+            entry per sequence, ``None`` (causal among its new tokens) or a boolean ``q x q``
+            matrix (q its query length; ``m[r, j]``: new token r sees new token j; every
+            diagonal entry set, none above it), packed by the binding
+            (:func:`pack_tree_masks`); or already-packed bytes (``bytes`` or a 1-D uint8 array)
+            with ``tree_mask_indptr``. The context is always visible. None: no masks.
+        tree_mask_indptr: with packed bytes, the ``num_seqs + 1`` int64 byte offsets (from 0,
+            non-decreasing) of each sequence's segment (empty = causal).
+        max_tree_mask_bytes: capacity for the mask bytes of :meth:`update` steps (0 = this
+            step's; set it to create a batch that later updates take into masked steps).
 
     So a batch planned from tables sized for the sequences' final lengths (a prefill step, say)
     takes the later decode steps through :meth:`update` without hand-set capacities.
@@ -260,7 +375,15 @@ class Batch(_Handle):
         ValueError: both length forms, seq_lens without query_start_loc (or the reverse), a
         query_start_loc that is not ``len(seq_lens) + 1`` long, or an array shorter than the
         library reads (table rows or encoder_lens for fewer sequences, slot_mapping for fewer
-        tokens).
+        tokens); a tree mask list of another length than the sequences or a matrix of another
+        shape than its sequence's ``q x q``, packed bytes without ``tree_mask_indptr`` (or the
+        reverse), an indptr that is not ``num_seqs + 1`` long or reaches past the bytes.
+
+    The library refuses (``INVALID_ARGUMENT``, naming the sequence, row and column) a diagonal
+    bit clear, a bit above the diagonal, ``tree_mask_indptr[0] != 0`` or decreasing, and a
+    segment shorter than ``ceil(q*q / 8)`` bytes; a forward on a batch planned with masks
+    refuses ALiBi, a sliding window, an attention chunk and every attention type but the
+    decoder.
 
     ``close()`` is idempotent; afterwards every method raises ``INVALID_HANDLE``. A batch may be
     closed before or after its backend and caches.
@@ -274,17 +397,21 @@ class Batch(_Handle):
                  cross_cache: Optional[KVCache] = None, encoder_lens: Any = None,
                  cross_block_tables: Any = None, max_num_seqs: int = 0, max_num_tokens: int = 0,
                  max_blocks_per_seq: int = 0, max_num_encoder_tokens: int = 0,
-                 max_seq_len: int = 0) -> None:
+                 max_seq_len: int = 0, tree_mask: Any = None, tree_mask_indptr: Any = None,
+                 max_tree_mask_bytes: int = 0) -> None:
         bh = backend._handle()
         cache_h, cross_h = _handle_or_null(cache), _handle_or_null(cross_cache)
         desc, keep = _desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
-                           cross_block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc)
+                           cross_block_tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
+                           tree_mask=tree_mask, tree_mask_indptr=tree_mask_indptr)
         desc.max_num_seqs = checked_int(max_num_seqs, "int32", "max_num_seqs")
         desc.max_num_tokens = checked_int(max_num_tokens, "int64", "max_num_tokens")
         desc.max_blocks_per_seq = checked_int(max_blocks_per_seq, "int32", "max_blocks_per_seq")
         desc.max_num_encoder_tokens = checked_int(max_num_encoder_tokens, "int64",
                                                   "max_num_encoder_tokens")
         desc.max_seq_len = checked_int(max_seq_len, "int64", "max_seq_len")
+        desc.max_tree_mask_bytes = checked_int(max_tree_mask_bytes, "int64",
+                                               "max_tree_mask_bytes")
         out = ctypes.c_void_p()
         _check(_lib().pagedattn_batch_create(ctypes.byref(out), bh, cache_h, cross_h,
                                              ctypes.addressof(desc)))
@@ -299,7 +426,8 @@ class Batch(_Handle):
 
     def update(self, query_lens: Any = None, context_lens: Any = None, block_tables: Any = None,
                *, seq_lens: Any = None, query_start_loc: Any = None, slot_mapping: Any = None,
-               encoder_lens: Any = None, cross_block_tables: Any = None) -> None:
+               encoder_lens: Any = None, cross_block_tables: Any = None, tree_mask: Any = None,
+               tree_mask_indptr: Any = None) -> None:
         """Replaces the batch's contents in place (no larger than its capacities; for graph
         replay). On failure the batch keeps its previous contents. The lengths come in either
         form (see the constructor), whichever the batch was created with.
@@ -308,6 +436,9 @@ class Batch(_Handle):
         update does not pass them (the encoder side does not change between decode steps);
         passing them replaces them. Kept ones must match the update's number of sequences.
 
+        Tree masks belong to the step: an update without ``tree_mask`` is causal. Their bytes
+        must fit the batch's ``max_tree_mask_bytes``.
+
         Raises:
             PagedAttnError: ``CAPACITY`` and the errors of the constructor.
             ValueError: kept encoder_lens or cross_block_tables for another number of sequences,
@@ -315,7 +446,8 @@ class Batch(_Handle):
         """
         h = self._handle()
         desc, keep = _desc(query_lens, context_lens, block_tables, slot_mapping, encoder_lens,
-                           cross_block_tables, self._cross, seq_lens, query_start_loc)
+                           cross_block_tables, self._cross, seq_lens, query_start_loc, tree_mask,
+                           tree_mask_indptr)
         _check(_lib().pagedattn_batch_update(h, ctypes.addressof(desc)))
         if keep[4] is not None:
             self._cross = (_owned(keep[4]), _owned(keep[5]))
@@ -364,4 +496,4 @@ class Batch(_Handle):
         return np.ctypeslib.as_array(p, shape=(n.value,)).copy()
 
 
-__all__ = ["Batch", "BatchInfo"]
+__all__ = ["Batch", "BatchInfo", "pack_tree_masks"]

@@ -158,7 +158,7 @@ class BatchDescStruct(ctypes.Structure):
         ("lens_form", ctypes.c_int),
         ("seq_lens", c_void_p),
         ("query_start_loc", c_void_p),
-        ("tree_mask", c_void_p),  # const uint8_t*; not exposed yet (NULL: no tree masks)
+        ("tree_mask", c_void_p),  # const uint8_t*
         ("tree_mask_indptr", c_void_p),
         ("max_tree_mask_bytes", c_int64),
     ]

@@ -105,6 +105,7 @@ class Feature(enum.IntFlag):
     SINKS = 1 << 12  # attention sinks (forward's ``sinks``)
     CHUNKED_LOCAL = 1 << 13  # forward's ``attention_chunk``
     HEAD_SCALES = 1 << 14  # per-KV-head fp8 scales (forward, KVCache.write)
+    TREE_MASK = 1 << 15  # speculative-decoding tree masks (Batch's ``tree_mask``)
 
 
 KV_CACHE_HOST = 1  # PAGEDATTN_KV_CACHE_HOST

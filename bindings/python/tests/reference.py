@@ -11,10 +11,13 @@ def decoder_attention(q: np.ndarray, keys: Sequence[np.ndarray], values: Sequenc
                       query_lens: Sequence[int], context_lens: Sequence[int], *,
                       scale: Optional[float] = None, soft_cap: float = 0.0, window: int = 0,
                       alibi: Optional[np.ndarray] = None, sinks: Optional[np.ndarray] = None,
-                      chunk: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+                      chunk: int = 0, tree_masks: Optional[Sequence[Optional[np.ndarray]]] = None
+                      ) -> Tuple[np.ndarray, np.ndarray]:
     """q: [T, H, D]; keys[i]/values[i]: every token of sequence i, [context+query, Hkv, D].
     sinks: a logit per head joining every row's softmax without a value; chunk: C > 0 keeps
-    the keys k with k // C == p // C. Returns (out [T, H, D], lse [T, H]) in float64."""
+    the keys k with k // C == p // C; tree_masks[i]: None (causal) or sequence i's boolean
+    [query, query] matrix, m[r, j] = new token r sees new token j (the context stays visible).
+    Returns (out [T, H, D], lse [T, H]) in float64."""
     T, H, D = q.shape
     out = np.zeros((T, H, D))
     lse = np.full((T, H), -np.inf)
@@ -24,9 +27,12 @@ def decoder_attention(q: np.ndarray, keys: Sequence[np.ndarray], values: Sequenc
         K = np.asarray(keys[i], dtype=np.float64)
         V = np.asarray(values[i], dtype=np.float64)
         g = H // K.shape[1]
+        tree = None if tree_masks is None else tree_masks[i]
         for j in range(ql):
             p = cl + j
             pos = np.arange(p + 1)
+            if tree is not None:
+                pos = pos[(pos < cl) | np.asarray(tree, dtype=bool)[j][np.maximum(pos - cl, 0)]]
             if window > 0:
                 pos = pos[p - pos < window]
             if chunk > 0:

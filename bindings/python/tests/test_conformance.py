@@ -128,12 +128,17 @@ def run(c: Case):
             tables = None if att == "encoder_only" else c.arr("tables.bin", np.int32, (S, stride))
             cross = att == "cross"
             xt = c.arr("cross_tables.bin", np.int32, (S, c.i("cross_table_stride"))) if cross else None
+            # Tree masks (tree 1) as the runner packed them: bytes and offsets.
+            tree = c.i("tree") != 0
+            tm = (c.dir / "tree_mask.bin").read_bytes() if tree else None
+            tmi = c.arr("tree_mask_indptr.bin", np.int64, (S + 1,)) if tree else None
             # Capacities as the C runner plans them (0 = this batch's size), not the binding's
             # defaults.
             batch = pa.Batch(be, cache, c.ints("query_lens"), c.ints("context_lens"), tables,
                              cross_cache=cache if cross else None,
                              encoder_lens=c.ints("encoder_lens") if cross else None,
-                             cross_block_tables=xt, max_blocks_per_seq=0, max_seq_len=0)
+                             cross_block_tables=xt, max_blocks_per_seq=0, max_seq_len=0,
+                             tree_mask=tm, tree_mask_indptr=tmi, max_tree_mask_bytes=0)
             step = "batch_get_slot_mapping"
             outs["slots.bin"] = batch.slot_mapping.tobytes()
             step = "forward"

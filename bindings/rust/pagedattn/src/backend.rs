@@ -91,6 +91,8 @@ impl Features {
     pub const CHUNKED_LOCAL: Features = Features(sys::PAGEDATTN_FEATURE_CHUNKED_LOCAL);
     /// Per-KV-head fp8 scales ([`AttentionOptions::k_head_scales`], [`KvCache::write_scaled`]).
     pub const HEAD_SCALES: Features = Features(sys::PAGEDATTN_FEATURE_HEAD_SCALES);
+    /// Speculative-decoding tree masks ([`crate::BatchDesc::tree_mask`]).
+    pub const TREE_MASK: Features = Features(sys::PAGEDATTN_FEATURE_TREE_MASK);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Features) -> bool {

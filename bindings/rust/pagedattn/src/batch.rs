@@ -59,6 +59,61 @@ pub struct BatchDesc<'d> {
     /// The SEQ form: the row offsets, `seq_lens.len() + 1` entries (0, then the running sum of
     /// the query lengths).
     pub query_start_loc: Option<&'d [i32]>,
+    /// Speculative-decoding tree masks (docs/semantics.md 4.7), packed: sequence i's segment is
+    /// `tree_mask[tree_mask_indptr[i]..tree_mask_indptr[i + 1]]`, empty (causal among its new
+    /// tokens) or a `q x q` bit matrix (q its query length), row-major, least significant bit
+    /// first: bit `r * q + j` set = new token r sees new token j. Every diagonal bit is set and
+    /// none above it; the context is always visible. Goes with `tree_mask_indptr`;
+    /// [`pack_tree_masks`] builds both from boolean matrices.
+    pub tree_mask: Option<&'d [u8]>,
+    /// The masks' byte offsets: `num_seqs + 1` entries, 0 then non-decreasing.
+    pub tree_mask_indptr: Option<&'d [i64]>,
+    /// Capacity for updates: mask bytes (0 = this step's `tree_mask_indptr[num_seqs]`, so a
+    /// batch that updates into masked steps is created with this set).
+    pub max_tree_mask_bytes: usize,
+}
+
+/// Packs per-sequence tree masks as [`BatchDesc::tree_mask`] and
+/// [`BatchDesc::tree_mask_indptr`] hold them. Each entry is `None` (causal among the sequence's
+/// new tokens) or its `q x q` boolean matrix, row-major (`m[r * q + j]`: new token r sees new
+/// token j), packed into exactly `ceil(q * q / 8)` bytes, least significant bit first (numpy's
+/// `packbits(m.reshape(-1), bitorder="little")`). Returns the bytes and the `masks.len() + 1`
+/// offsets; an [`Status::InvalidArgument`] error for a matrix whose length is not a square.
+///
+/// ```
+/// // Two drafts under the root token: both see the root and themselves, not each other.
+/// let tree = [true, false, false,
+///             true, true, false,
+///             true, false, true];
+/// let (mask, indptr) = pagedattn::pack_tree_masks(&[None, Some(&tree[..])]).unwrap();
+/// assert_eq!((mask, indptr), (vec![0b0101_1001, 0b1], vec![0, 0, 2]));
+/// ```
+pub fn pack_tree_masks<M: AsRef<[bool]>>(masks: &[Option<M>]) -> Result<(Vec<u8>, Vec<i64>)> {
+    let mut bytes = Vec::new();
+    let mut indptr = Vec::with_capacity(masks.len() + 1);
+    indptr.push(0i64);
+    for (i, m) in masks.iter().enumerate() {
+        if let Some(m) = m {
+            let bits = m.as_ref();
+            // The side of the square (no usize::isqrt: it needs Rust 1.84).
+            let q = (0..=bits.len()).find(|&q| q * q >= bits.len()).unwrap_or(0);
+            if q * q != bits.len() {
+                return Err(Error::binding(
+                    Status::InvalidArgument,
+                    format!("tree mask {i} has {} entries, not the q * q of a square matrix", bits.len()),
+                ));
+            }
+            let at = bytes.len();
+            bytes.resize(at + bits.len().div_ceil(8), 0u8);
+            for (b, &set) in bits.iter().enumerate() {
+                if set {
+                    bytes[at + b / 8] |= 1 << (b % 8);
+                }
+            }
+        }
+        indptr.push(to_c_i64("tree mask bytes", bytes.len())?);
+    }
+    Ok((bytes, indptr))
 }
 
 fn too_short(what: &str, len: usize, need: usize) -> Error {
@@ -99,6 +154,7 @@ impl BatchDesc<'_> {
         raw.max_blocks_per_seq = to_c_i32("max_blocks_per_seq", self.max_blocks_per_seq)?;
         raw.max_num_encoder_tokens = to_c_i64("max_num_encoder_tokens", self.max_num_encoder_tokens)?;
         raw.max_seq_len = to_c_i64("max_seq_len", self.max_seq_len)?;
+        raw.max_tree_mask_bytes = to_c_i64("max_tree_mask_bytes", self.max_tree_mask_bytes)?;
         if let Some((_, starts)) = seq_form {
             if starts.len() != n + 1 {
                 return Err(too_short("query_start_loc", starts.len(), n + 1));
@@ -131,6 +187,25 @@ impl BatchDesc<'_> {
                 return Err(too_short("cross_block_tables", t.len(), table_need(self.cross_block_table_stride)));
             }
         }
+        match (self.tree_mask, self.tree_mask_indptr) {
+            (None, None) => {}
+            (Some(mask), Some(indptr)) => {
+                if indptr.len() != n + 1 {
+                    return Err(too_short("tree_mask_indptr", indptr.len(), n + 1));
+                }
+                // The library reads a sequence's bytes up to its next offset.
+                let reach = indptr.iter().map(|&o| usize::try_from(o).unwrap_or(0)).max().unwrap_or(0);
+                if mask.len() < reach {
+                    return Err(Error::binding(
+                        Status::InvalidArgument,
+                        format!("tree_mask has {} bytes, tree_mask_indptr reaches {reach}", mask.len()),
+                    ));
+                }
+            }
+            _ => {
+                return Err(Error::binding(Status::InvalidArgument, "tree_mask and tree_mask_indptr go together"));
+            }
+        }
         // The arrays were checked against what the C side reads.
         if let Some((seq_lens, starts)) = seq_form {
             raw.lens_form = sys::PAGEDATTN_BATCH_LENS_SEQ;
@@ -144,6 +219,8 @@ impl BatchDesc<'_> {
         raw.slot_mapping = opt_ptr(self.slot_mapping);
         raw.encoder_lens = opt_ptr(self.encoder_lens);
         raw.cross_block_tables = opt_ptr(self.cross_block_tables);
+        raw.tree_mask = opt_ptr(self.tree_mask);
+        raw.tree_mask_indptr = opt_ptr(self.tree_mask_indptr);
         Ok(raw)
     }
 }
@@ -184,6 +261,8 @@ pub struct BatchInfo {
     pub max_num_encoder_tokens: usize,
     /// Capacity: what `max_seq_len` may reach through updates.
     pub max_seq_len_capacity: usize,
+    /// Capacity: tree mask bytes a step may use (0: none).
+    pub max_tree_mask_bytes: usize,
 }
 
 /// A validated and planned batch (`pagedattn_batch`). It holds a clone of its [`Backend`],
@@ -270,6 +349,7 @@ impl Batch {
             workspace_bytes: raw.workspace_bytes,
             max_num_encoder_tokens: from_c("max_num_encoder_tokens", raw.max_num_encoder_tokens)?,
             max_seq_len_capacity: from_c("max_seq_len_capacity", raw.max_seq_len_capacity)?,
+            max_tree_mask_bytes: from_c("max_tree_mask_bytes", raw.max_tree_mask_bytes)?,
         })
     }
 

@@ -154,7 +154,7 @@ mod tensor;
 
 pub use attention::{AttentionOptions, AttentionType, ForwardArgs};
 pub use backend::{backends, Backend, BackendInfo, BackendOptions, Capabilities, Features, MemoryUsage};
-pub use batch::{Batch, BatchDesc, BatchInfo};
+pub use batch::{pack_tree_masks, Batch, BatchDesc, BatchInfo};
 pub use cache::{CacheDesc, KvCache, Layout, LayerMemory};
 pub use log::{set_log_callback, LogCallback, LogLevel};
 pub use tensor::{DataType, Device, DeviceType, Element, NativeElement, Stream, Tensor, TensorMut};

@@ -220,6 +220,12 @@ fn run_case(dir: &Path) -> Result<(), String> {
                     (None, None)
                 };
                 let (qlens, clens) = (m.list("query_lens"), m.list("context_lens"));
+                // Tree masks (tree 1) as the runner packed them: bytes and offsets.
+                let (tree_mask, tree_indptr) = if m.i("tree") != 0 {
+                    (Some(fs::read(file("tree_mask.bin")).unwrap()), Some(read_i64(file("tree_mask_indptr.bin"))))
+                } else {
+                    (None, None)
+                };
                 let bdesc = BatchDesc {
                     query_lens: &qlens,
                     context_lens: &clens,
@@ -228,6 +234,9 @@ fn run_case(dir: &Path) -> Result<(), String> {
                     encoder_lens: enc_lens.as_deref(),
                     cross_block_tables: xtables.as_deref(),
                     cross_block_table_stride: m.i("cross_table_stride"),
+                    tree_mask: tree_mask.as_deref(),
+                    tree_mask_indptr: tree_indptr.as_deref(),
+                    max_tree_mask_bytes: 0,
                     ..BatchDesc::default()
                 };
                 let cross_cache = if cross { cache.as_ref() } else { None };
