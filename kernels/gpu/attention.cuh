@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
         const int ti = r / hpc, gi = r % hpc;
         float s = kNegInf;
         if (key < nk && r < rows_used && gi < gh) {
-          s = variant_logit(p, dots[j] * p.scale, h0 + gi, kpos, pos_first + ti);
+          s = variant_logit(p, dots[j] * w.qk_scale, h0 + gi, kpos, pos_first + ti);
         }
         ss[r * SS + key] = s;
       }
@@ -254,21 +254,18 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
     const int ti = r / hpc, gi = r % hpc;
     if (gi >= gh) continue;
     const int d0 = (unit % dunits) * 8;
-    const float l = l_s[r];
-    const bool poisoned = max_poisoned(m_s[r]);
-    const float inv = poisoned ? NAN : (l > 0.f) ? p.v_scale / l : 0.f;
-    const float lse = poisoned ? NAN : (l > 0.f) ? m_s[r] + logf(l) : kNegInf;
     const int h = h0 + gi;
+    const RowNorm n = row_norm(m_s[r], l_s[r], row_sink(p.sinks, h, it.part >= 0), w.v_scale);
     if (it.part < 0) {
       T* o = static_cast<T*>(p.out) + static_cast<int64_t>(row0 + ti) * p.o_row + h * p.o_head + d0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[u][e] * inv);
-      if (d0 == 0 && p.lse) p.lse[static_cast<int64_t>(row0 + ti) * p.lse_row + h * p.lse_head] = lse;
+      for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[u][e] * n.inv);
+      if (d0 == 0 && p.lse) p.lse[static_cast<int64_t>(row0 + ti) * p.lse_row + h * p.lse_head] = n.lse;
     } else {
       float* o = p.part_o + (static_cast<int64_t>(it.part) * p.num_heads + h) * D + d0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = acc[u][e] * inv;
-      if (d0 == 0) p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + h] = lse;
+      for (int e = 0; e < 8; ++e) o[e] = acc[u][e] * n.inv;
+      if (d0 == 0) p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + h] = n.lse;
     }
   }
 }

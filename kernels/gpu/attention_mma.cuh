@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
             const int key = c0 + j * 8 + 2 * t4 + e;
             float x = -INFINITY;
             if (valid[hr] && key < hi)
-              x = variant_logit(p, s[j][2 * hr + e] * p.scale, head[hr], key, qpos[hr]);
+              x = variant_logit(p, s[j][2 * hr + e] * w.qk_scale, head[hr], key, qpos[hr]);
             s[j][2 * hr + e] = x;
             mx = max_keep_nan(mx, x);
           }
@@ -327,11 +327,9 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     if (!valid[hr]) continue;
-    const bool poisoned = max_poisoned(m[hr]);
-    const float inv = p.v_scale / l[hr];
-    const float lse = poisoned ? NAN : (l[hr] > 0.f ? m[hr] + logf(l[hr]) : -INFINITY);
     // The output row, or for a split-KV part its float32 partial (normalised, merged later).
     const bool whole = it.part < 0;
+    const RowNorm nr = row_norm(m[hr], l[hr], row_sink(p.sinks, head[hr], !whole), w.v_scale);
     T* out = nullptr;
     float* part = nullptr;
     if (whole)
@@ -345,7 +343,9 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
       for (int e = 0; e < 2; ++e) {
         const int d = n * 8 + 2 * t4 + e;
         if (d >= D) continue;
-        const float x = poisoned ? NAN : l[hr] > 0.f ? o[n][2 * hr + e] * inv : 0.f;
+        // A row whose keys all weighed nothing gives 0 (NaN when poisoned), whatever 0 * inf
+        // its accumulators took from an infinite V.
+        const float x = l[hr] > 0.f ? o[n][2 * hr + e] * nr.inv : 0.f * nr.inv;
         if (whole)
           out[d] = from_float<T>(x);
         else
@@ -354,9 +354,9 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
     }
     if (t4 != 0) continue;
     if (!whole)
-      p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + head[hr]] = lse;
+      p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + head[hr]] = nr.lse;
     else if (p.lse)
-      p.lse[static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head] = lse;
+      p.lse[static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head] = nr.lse;
   }
 }
 

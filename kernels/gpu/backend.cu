@@ -234,7 +234,9 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
                    PAGEDATTN_FEATURE_ENCODER | PAGEDATTN_FEATURE_FP8_CACHE |
                    PAGEDATTN_FEATURE_LSE | PAGEDATTN_FEATURE_MERGE_STATES |
                    PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_HOST_SWAP |
-                   PAGEDATTN_FEATURE_GRAPH_CAPTURE | PAGEDATTN_FEATURE_WRAP_CACHE;
+                   PAGEDATTN_FEATURE_GRAPH_CAPTURE | PAGEDATTN_FEATURE_WRAP_CACHE |
+                   PAGEDATTN_FEATURE_SINKS | PAGEDATTN_FEATURE_CHUNKED_LOCAL |
+                   PAGEDATTN_FEATURE_HEAD_SCALES;
   // The dtypes and the largest head size come from instantiations.h.
 #define PA_DTYPE_BIT(CODE, ...) | PAGEDATTN_DTYPE_BIT(CODE)
   caps->dtypes = 0u PA_GPU_DTYPES(PA_DTYPE_BIT, );
@@ -353,11 +355,14 @@ void cache_detach(void* state, pa_cache* cache) {
 // ---------------------------------------------------------------------------------------------
 // Cache operations
 
-// Fills the cache-write parameters for k/v rows stored into `layer` of cache c: the tensors, the
-// layer's K/V bases and strides, the fp8 scales, and vec8 (1 when every 8-element group of both
+// Fills the cache-write parameters of write a: the k/v tensors, the layer's K/V bases and
+// strides, the fp8 scales (scalar or per head), and vec8 (1 when every 8-element group of both
 // sides is aligned for a vector access). The slots and the row count are the caller's to set.
-void fill_write_params(WriteParams* p, const pa_tensor3& k, const pa_tensor3& v, const pa_cache* c,
-                       int32_t layer, float k_scale, float v_scale) {
+void fill_write_params(WriteParams* p, const pa_write_args& a) {
+  const pa_cache* c = a.cache;
+  const pa_tensor3& k = a.k;
+  const pa_tensor3& v = a.v;
+  const int32_t layer = a.layer;
   const size_t ce = elem_size(c->dtype), te = elem_size(k.dtype);
   memset(static_cast<void*>(p), 0, sizeof(*p));
   p->k = k.data;
@@ -375,8 +380,10 @@ void fill_write_params(WriteParams* p, const pa_tensor3& k, const pa_tensor3& v,
   p->block_size = c->block_size;
   p->heads = c->num_kv_heads;
   p->dim = c->head_size;
-  p->k_scale = k_scale;
-  p->v_scale = v_scale;
+  p->k_scale = a.k_scale;
+  p->v_scale = a.v_scale;
+  p->k_head_scales = a.k_head_scales;
+  p->v_head_scales = a.v_head_scales;
   const int cache_vec = widest_vec({reinterpret_cast<uintptr_t>(p->ck),
                                     reinterpret_cast<uintptr_t>(p->cv),
                                     static_cast<uint64_t>(c->block_stride) * ce,
@@ -399,7 +406,7 @@ pagedattn_status cache_write(void* state, const pa_write_args* a, char* msg) {
   const pa_cache* c = a->cache;
   const size_t te = elem_size(a->k.dtype);
   WriteParams p;
-  fill_write_params(&p, a->k, a->v, c, a->layer, a->k_scale, a->v_scale);
+  fill_write_params(&p, *a);
   gpuStream_t stream = static_cast<gpuStream_t>(a->stream);
   if (a->slots_on_device) {
     p.slots = a->slots;
@@ -626,9 +633,10 @@ void free_batch(void* state, pa_batch* b) {
 // Forward
 
 // Fills a forward's attention parameters but its work list and CTA shape (schedule.cu sets those
-// per launch): q, out and lse, the heads, the semantics (scale, soft cap, window, ALiBi, attention
-// type), the plan's lengths, and where keys and values come from: the k/v tensors for the encoder
-// types, else the paged cache (self or cross). Returns the keys' element type.
+// per launch): q, out and lse, the heads, the semantics (scale, soft cap, window, chunk, ALiBi,
+// sinks, attention type), the plan's lengths, and where keys and values come from: the k/v
+// tensors for the encoder types, else the paged cache (self or cross) with its fp8 scales.
+// Returns the keys' element type.
 int32_t fill_attn_params(AttnParams* p, const pa_forward_args* a, const Plan* pl) {
   const pa_cache* c = a->cache;
   const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
@@ -648,9 +656,14 @@ int32_t fill_attn_params(AttnParams* p, const pa_forward_args* a, const Plan* pl
   p->num_kv_heads = a->num_kv_heads;
   p->head_size = a->head_size;
   p->group = a->num_heads / a->num_kv_heads;
+  p->scale = a->scale;
+  p->k_scale = 1.f;
+  p->v_scale = 1.f;
   p->soft_cap = a->soft_cap;
   p->window = a->sliding_window;
+  p->chunk = a->attention_chunk;
   p->alibi = a->alibi_slopes;
+  p->sinks = a->sinks;
   p->kind = cross ? kCross : (encoder ? kEncoder : kDecoder);
   p->query_lens = pl->d<int32_t>(pl->o_qlen);
   p->context_lens = pl->d<int32_t>(pl->o_ctx);
@@ -658,8 +671,6 @@ int32_t fill_attn_params(AttnParams* p, const pa_forward_args* a, const Plan* pl
   p->encoder_lens = pl->d<int32_t>(pl->o_enc);
   if (encoder) {
     const size_t te = elem_size(a->k.dtype);
-    p->scale = a->scale;
-    p->v_scale = 1.f;
     p->kv.k = a->k.data;
     p->kv.v = a->v.data;
     p->kv.slot_stride = a->k.row_stride;
@@ -677,8 +688,12 @@ int32_t fill_attn_params(AttnParams* p, const pa_forward_args* a, const Plan* pl
   }
   const size_t ce = elem_size(c->dtype);
   const bool fp8 = c->dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c->dtype == PAGEDATTN_DTYPE_FP8_E5M2;
-  p->scale = a->scale * (fp8 ? a->k_scale : 1.f);
-  p->v_scale = fp8 ? a->v_scale : 1.f;
+  if (fp8) {
+    p->k_scale = a->k_scale;
+    p->v_scale = a->v_scale;
+    p->k_head_scales = a->k_head_scales;
+    p->v_head_scales = a->v_head_scales;
+  }
   p->kv.k = c->k_layers[a->layer];
   p->kv.v = c->v_layers[a->layer];
   p->kv.block_stride = c->block_stride;
@@ -713,8 +728,12 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   const bool cross = a->attention_type == PAGEDATTN_ATTENTION_CROSS;
 
   if (a->write_kv && c) {
+    // The write is launched even when this step has no rows: the launch reads the row count on
+    // the device, so a captured graph replays a later step's write.
+    pa_write_args wa;
+    (void)pa_forward_write_args(a, &wa);
     WriteParams w;
-    fill_write_params(&w, a->k, a->v, c, a->layer, a->k_scale, a->v_scale);
+    fill_write_params(&w, wa);
     const int64_t write_rows = set_write_launch(*pl, cross, &w);
     PA_CHECK(launch_cache_write(qt, c->dtype, write_rows, w, stream), "cache write launch");
   }
@@ -741,6 +760,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
     m.lse_head = p.lse_head;
     m.num_heads = p.num_heads;
     m.head_size = p.head_size;
+    m.sinks = p.sinks;
     PA_CHECK(launch_split_merge(qt, merge_items, m, stream), "split-KV merge launch");
   }
   const int32_t prefill_items = set_prefill_launch(*pl, &p);

@@ -6,6 +6,7 @@
 #include "gpu_kernels.h"
 #include "instantiations.h"
 #include "types.cuh"
+#include "variant.cuh"
 
 namespace pagedattn_gpu {
 
@@ -58,10 +59,6 @@ __global__ void cache_write_kernel(const WriteParams p) {
   const int64_t per_row = static_cast<int64_t>(p.heads) * groups;
   const int64_t total = n * per_row;
   const bool vec = p.vec8 != 0;
-  // fp8 stores x / scale (a true division, as kernels/cpu/convert.h does: multiplying by a
-  // rounded reciprocal can land one ulp off and round to the neighbouring fp8 code).
-  const float ks = is_fp8<CT>::value ? p.k_scale : 1.f;
-  const float vsc = is_fp8<CT>::value ? p.v_scale : 1.f;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t row = i / per_row;
@@ -71,6 +68,10 @@ __global__ void cache_write_kernel(const WriteParams p) {
                          : p.slots_int64 ? static_cast<const int64_t*>(p.slots)[row]
                                          : static_cast<const int32_t*>(p.slots)[row];
     if (slot < 0 || slot >= p.num_slots) continue;
+    // fp8 stores x / scale of head h (a true division, as kernels/cpu/convert.h does: multiplying
+    // by a rounded reciprocal can land one ulp off and round to the neighbouring fp8 code).
+    const float ks = is_fp8<CT>::value ? head_scale(p.k_head_scales, h, p.k_scale) : 1.f;
+    const float vsc = is_fp8<CT>::value ? head_scale(p.v_head_scales, h, p.v_scale) : 1.f;
     const int64_t off = (slot / p.block_size) * p.block_stride + (slot % p.block_size) * p.slot_stride +
                         h * p.head_stride + d0;
     float f[8];
@@ -155,7 +156,8 @@ gpuError_t launch_copy_blocks(const CopyParams& p, gpuStream_t stream) {
   return gpuGetLastError();
 }
 
-// Combines the split-KV partials of one decode row and head: weights exp(lse_i - max).
+// Combines the split-KV partials of one decode row and head: weights exp(lse_i - max), then the
+// row ends as one whose keys were all seen at once (row_norm), which adds the sink once.
 template <typename T>
 __global__ void split_merge_kernel(const SplitMergeParams p) {
   if (static_cast<int32_t>(blockIdx.x) >= *p.num_items) return;
@@ -169,8 +171,10 @@ __global__ void split_merge_kernel(const SplitMergeParams p) {
   float wsum = 0.f;
   for (int i = 0; i < mi.count; ++i) {
     const float l = p.part_lse[static_cast<int64_t>(mi.first + i) * p.num_heads + h];
-    wsum += (l == -INFINITY) ? 0.f : __expf(l - mx);
+    wsum += (l == -INFINITY || poisoned) ? 0.f : __expf(l - mx);
   }
+  // The partials are normalised and scaled by V's scale already.
+  const RowNorm n = row_norm(mx, wsum, row_sink(p.sinks, h, false), 1.f);
   T* out = static_cast<T*>(p.out) + row * p.o_row + h * p.o_head;
   for (int d = threadIdx.x; d < p.head_size; d += blockDim.x) {
     float acc = 0.f;
@@ -181,13 +185,10 @@ __global__ void split_merge_kernel(const SplitMergeParams p) {
         if (l == -INFINITY) continue;
         acc += __expf(l - mx) * p.part_o[(part * p.num_heads + h) * p.head_size + d];
       }
-      acc /= wsum;
     }
-    out[d] = from_float<T>(poisoned ? NAN : acc);
+    out[d] = from_float<T>(acc * n.inv);
   }
-  if (threadIdx.x == 0 && p.lse)
-    p.lse[row * p.lse_row + h * p.lse_head] =
-        poisoned ? NAN : (wsum > 0.f) ? mx + logf(wsum) : -INFINITY;
+  if (threadIdx.x == 0 && p.lse) p.lse[row * p.lse_row + h * p.lse_head] = n.lse;
 }
 
 gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergeParams& p,

@@ -50,11 +50,17 @@ struct AttnParams {
   int64_t lse_row, lse_head;
   int32_t num_heads, num_kv_heads, head_size, group;
   int32_t heads_per_cta, tile_tokens;
-  float scale;    // includes k_scale for fp8 caches
-  float v_scale;  // 1 unless fp8
+  float scale;    // the softmax scale (cta_work multiplies K's fp8 scale in)
+  // fp8 dequantisation scales: per KV head (device [num_kv_heads], or NULL), else the scalars;
+  // 1 and NULL unless the cache is fp8.
+  float k_scale, v_scale;
+  const float* k_head_scales;
+  const float* v_head_scales;
   float soft_cap;
   int32_t window;
+  int32_t chunk;        // attention chunk (decoder), 0 = off
   const float* alibi;
+  const float* sinks;   // [num_heads] sink logits, or NULL
   int32_t kind;
   KvSource kv;
   const int32_t* query_lens;
@@ -107,6 +113,7 @@ struct SplitMergeParams {
   float* lse;
   int64_t lse_row, lse_head;
   int32_t num_heads, head_size;
+  const float* sinks;  // [num_heads] or NULL: the partials leave the sink out, the merge adds it
 };
 gpuError_t launch_split_merge(int32_t qt, int32_t max_items, const SplitMergeParams& p,
                               gpuStream_t stream);
@@ -142,6 +149,8 @@ struct WriteParams {
   int64_t n;               // rows, or
   const int32_t* n_dev;    // non-NULL: the row count lives on the device (planned batches)
   float k_scale, v_scale;  // divide before fp8 rounding
+  const float* k_head_scales;  // [heads] on the device (fp8), or NULL: the scalars
+  const float* v_head_scales;
   int32_t vec8;            // 1: every 8-element group is aligned for a vector access
   int64_t inline_slots[kInlineSlots];
 };

@@ -1,8 +1,9 @@
 // variant.cuh — the attention variant of docs/semantics.md section 5, defined once for the GPU
 // kernels (as kernels/cpu/variant.h is for the CPU ones): what one CTA computes (its query heads
 // and rows, and the keys its tokens may see: the sequence's keys, the item's split, causal order,
-// sliding window), where a key's K and V rows are, and how a scaled score becomes a logit (soft
-// cap, ALiBi, then the decoder's masks).
+// sliding window, attention chunk), the fp8 scales of its KV head, where a key's K and V rows are,
+// how a scaled score becomes a logit (soft cap, ALiBi, then the decoder's masks), and how a row's
+// softmax ends (the sink logit).
 #ifndef PAGEDATTN_GPU_VARIANT_CUH
 #define PAGEDATTN_GPU_VARIANT_CUH
 
@@ -14,10 +15,21 @@
 
 namespace pagedattn_gpu {
 
+// The first key a decoder query at position pos sees: 0, or with a window W the W-th key back
+// (pos itself included), and with an attention chunk C the first key of pos's chunk; the later
+// of the two when both are set (kernels/cpu/variant.h's visible_lo).
+__device__ __forceinline__ int visible_lo(const AttnParams& p, int pos) {
+  int lo = 0;
+  if (p.window > 0) lo = max(lo, pos - p.window + 1);
+  if (p.chunk > 0) lo = max(lo, pos / p.chunk * p.chunk);
+  return lo;
+}
+
 // The keys [lo, hi) that query tokens [pos_first, pos_first + tlen) of sequence seq may see
 // within the item's split [kv_begin, kv_end): every key of the sequence (its context and new
 // tokens, its own tokens for an encoder, its encoder tokens for cross attention), for a decoder
-// up to the last token itself and from the first token's window on.
+// up to the last token itself and from the first token's visible_lo on (later tokens see no
+// earlier key).
 struct KeyRange {
   int lo, hi;
 };
@@ -30,18 +42,31 @@ __device__ __forceinline__ KeyRange item_keys(const AttnParams& p, const WorkIte
   KeyRange r{max(it.kv_begin, 0), min(it.kv_end, kv_len)};
   if (p.kind == kDecoder) {
     r.hi = min(r.hi, pos_first + it.tlen);
-    if (p.window > 0) r.lo = max(r.lo, pos_first - p.window + 1);
+    r.lo = max(r.lo, visible_lo(p, pos_first));
   }
   return r;
 }
 
+// The fp8 dequantisation scale of KV head h: scales[h], or `scalar` when there are no per-head
+// scales. The host cannot check values in device memory, so one that is not finite and > 0 is
+// NaN here: the write stores NaN and the rows reading the head become NaN.
+__device__ __forceinline__ float head_scale(const float* scales, int h, float scalar) {
+  if (!scales) return scalar;
+  const float s = scales[h];
+  return (s > 0.f && s < INFINITY) ? s : NAN;
+}
+
 // What the CTA (blockIdx.x: work item `it`, blockIdx.y: KV head and group of heads_per_cta query
 // heads) computes: query heads [h0, h0 + gh) of KV head kvh, tokens [t0, t0 + tlen) of sequence
-// seq at q/out rows row0.., positions pos_first.., over the keys [keys.lo, keys.hi).
+// seq at q/out rows row0.., positions pos_first.., over the keys [keys.lo, keys.hi). qk_scale
+// turns a dot product into a scaled score (the softmax scale times K's scale); v_scale is V's,
+// NaN when either of the head's per-head scales is bad, so that every row of the head is NaN,
+// rows without keys included.
 struct CtaWork {
   int kvh, g0, gh, h0;
   int seq, qlen, ctx, row0, pos_first;
   KeyRange keys;
+  float qk_scale, v_scale;
 };
 __device__ __forceinline__ CtaWork cta_work(const AttnParams& p, const WorkItem& it) {
   CtaWork w;
@@ -57,6 +82,9 @@ __device__ __forceinline__ CtaWork cta_work(const AttnParams& p, const WorkItem&
   w.row0 = p.query_start[w.seq] + it.t0;
   w.pos_first = w.ctx + it.t0;
   w.keys = item_keys(p, it, w.seq, w.ctx, w.qlen, w.pos_first);
+  const float ks = head_scale(p.k_head_scales, w.kvh, p.k_scale);
+  w.qk_scale = p.scale * ks;
+  w.v_scale = ks != ks ? NAN : head_scale(p.v_head_scales, w.kvh, p.v_scale);
   return w;
 }
 
@@ -79,14 +107,39 @@ __device__ __forceinline__ void key_offsets(const AttnParams& p, int seq, int kv
 }
 
 // The logit of key kpos for the query at qpos of head h from its scaled score s: soft cap, ALiBi,
-// then a decoder's causal and window masks (-inf for a key the query does not see).
+// then a decoder's masks: causal order, window and chunk (-inf for a key the query does not see).
 __device__ __forceinline__ float variant_logit(const AttnParams& p, float s, int h, int kpos,
                                                int qpos) {
   if (p.soft_cap > 0.f) s = p.soft_cap * tanhf(s / p.soft_cap);
   if (p.alibi) s += p.alibi[h] * static_cast<float>(kpos - qpos);
-  if (p.kind == kDecoder && (kpos > qpos || (p.window > 0 && qpos - kpos >= p.window)))
-    s = -INFINITY;
+  if (p.kind == kDecoder && (kpos > qpos || kpos < visible_lo(p, qpos))) s = -INFINITY;
   return s;
+}
+
+// The sink logit of query head h for a row that ends in this CTA, or -inf (none): a split-KV
+// partial leaves it out, the merge of the partials adds it, so it counts once per row.
+__device__ __forceinline__ float row_sink(const float* sinks, int h, bool partial) {
+  return (sinks && !partial) ? sinks[h] : -INFINITY;
+}
+
+// How a row's softmax ends (kernels/cpu/variant.h's row_norm): its output is acc * inv (acc the
+// weighted sum of V, not yet normalised nor scaled by v_scale) and its log-sum-exp lse, from its
+// running max m, its sum l of exp(s - m) over the keys it saw, and the sink logit (-inf: none),
+// which joins the softmax without a value. A NaN or +inf score or sink, or a NaN v_scale (a bad
+// per-head scale), makes the row NaN; a row with no key gives 0 and lse -inf, or the sink.
+struct RowNorm {
+  float inv, lse;
+};
+__device__ __forceinline__ RowNorm row_norm(float m, float l, float sink, float v_scale) {
+  if (max_poisoned(m) || max_poisoned(sink) || v_scale != v_scale) return {NAN, NAN};
+  if (sink != -INFINITY) {
+    const float mx = fmaxf(m, sink);
+    const float a = m == -INFINITY ? 0.f : expf(m - mx);
+    const float total = l * a + expf(sink - mx);
+    return {v_scale * a / total, mx + logf(total)};
+  }
+  if (!(l > 0.f)) return {0.f, -INFINITY};
+  return {v_scale / l, m + logf(l)};
 }
 
 // One row's online-softmax step over n scores s (one warp of W lanes; -inf for keys the row does

@@ -1,14 +1,15 @@
 // GPU-only tests on the backend named by PAGEDATTN_TEST_BACKEND (cuda): every supported head size x
 // dtype x cache dtype, GQA ratios 1-8 and beyond, block sizes 8-128, split-KV decode, CUDA-graph
 // capture and replay after an in-place batch update (a decode step and a mixed chunked-prefill
-// step), device <-> host swaps, device slot mappings with bad slots, and the small cases that
-// scripts/gpu-check runs under compute-sanitizer. Without a GPU every test prints
+// step), device <-> host swaps, device slot mappings with bad slots, bad per-KV-head fp8 scales
+// in device memory, and the small cases that scripts/gpu-check runs under compute-sanitizer. Without a GPU every test prints
 // "skipped: no GPU".
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -322,9 +323,11 @@ void fill_world(DecodeWorld& w, std::mt19937_64& rng, int nseq) {
 }
 
 // Writes every context position of every sequence of a world (DecodeWorld, StepWorld) into the
-// cache (host slot mapping).
+// cache (host slot mapping), with scales 1 or per-KV-head scale tensors.
 template <class World>
-void write_context(const World& w, pagedattn_kv_cache* cache, pagedattn_device dev) {
+void write_context(const World& w, pagedattn_kv_cache* cache, pagedattn_device dev,
+                   const pagedattn_tensor* k_head_scales = nullptr,
+                   const pagedattn_tensor* v_head_scales = nullptr) {
   std::vector<int64_t> slots;
   std::vector<float> kr, vr;
   const size_t row = static_cast<size_t>(w.Hkv) * w.D;
@@ -347,8 +350,11 @@ void write_context(const World& w, pagedattn_kv_cache* cache, pagedattn_device d
   vt.upload();
   int64_t shape = 0;
   pagedattn_tensor st = host_i64(slots, &shape);
-  ASSERT_EQ(pagedattn_kv_cache_write(cache, 0, kt.t(), vt.t(), &st, 1.f, 1.f, nullptr), PAGEDATTN_OK)
-      << pagedattn_last_error();
+  const pagedattn_status ws =
+      k_head_scales ? pagedattn_kv_cache_write_scaled(cache, 0, kt.t(), vt.t(), &st, k_head_scales,
+                                                      v_head_scales, nullptr)
+                    : pagedattn_kv_cache_write(cache, 0, kt.t(), vt.t(), &st, 1.f, 1.f, nullptr);
+  ASSERT_EQ(ws, PAGEDATTN_OK) << pagedattn_last_error();
   CUDA_OK(cudaDeviceSynchronize());
 }
 
@@ -929,6 +935,165 @@ TEST_F(Gpu, DeviceSlotMappingSkipsBadSlots) {
     EXPECT_EQ(bad, 0);
     CUDA_OK(cudaFree(ds));
     pagedattn_kv_cache_destroy(c);
+  }
+}
+
+// Per-KV-head fp8 scales in device memory cannot be checked on the host: a NaN, 0, negative or
+// infinite one turns into NaN in the kernels. The caller's writes and the forward's write store
+// NaN for that head's K or V, every row of its query heads gives NaN out and lse (decode, split
+// decode, chunked prefill, prefill; scalar and tensor-core kernels), and the other heads are
+// stored and attended as their own scales say.
+TEST_F(Gpu, BadDeviceHeadScalesGiveNaNForTheirHeadOnly) {
+  if (!(caps.features & PAGEDATTN_FEATURE_HEAD_SCALES)) GTEST_SKIP() << "no per-head scales";
+  const uint64_t master = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(master));
+  std::mt19937_64 rng(master ^ 0x5ca1e5);
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  // KV heads: 0 and 5 good; 1 K NaN, 2 V zero, 3 K negative, 4 V +inf.
+  const float ks[] = {0.5f, kNaN, 1.0f, -1.0f, 2.0f, 0.25f};
+  const float vs[] = {2.0f, 1.0f, 0.0f, 0.5f, kInf, 4.0f};
+  auto good = [](float x) { return x > 0.f && std::isfinite(x); };
+  const struct { pagedattn_dtype dt, cache_dt; } variants[] = {
+      {PAGEDATTN_DTYPE_BFLOAT16, PAGEDATTN_DTYPE_FP8_E4M3},
+      {PAGEDATTN_DTYPE_FLOAT32, PAGEDATTN_DTYPE_FP8_E5M2},
+      {PAGEDATTN_DTYPE_FLOAT16, PAGEDATTN_DTYPE_FP8_E5M2}};
+  for (const auto& var : variants) {
+    SCOPED_TRACE(std::string("dtype ") + pat::dtype_str(var.dt) + ", cache " +
+                 pat::dtype_str(var.cache_dt));
+    StepWorld w;
+    w.H = 12;
+    w.Hkv = 6;
+    w.D = 64;
+    w.nb = 128;
+    w.width = 64;
+    w.dt = var.dt;
+    w.cache_dt = var.cache_dt;
+    const int group = w.H / w.Hkv;
+    // A decode long enough to be split, a short one, a chunk over a context, a first prefill.
+    std::vector<SeqSpec> seqs(4);
+    seqs[0] = {1, 700 + static_cast<int>(rng() % 100), 0};
+    seqs[1] = {1, static_cast<int>(rng() % 40), 0};
+    seqs[2] = {15 + static_cast<int>(rng() % 10), 20 + static_cast<int>(rng() % 30), 0};
+    seqs[3] = {10 + static_cast<int>(rng() % 20), 0, 0};
+    fill_step(w, rng, seqs);
+    pagedattn_kv_cache* cache = make_cache(be, 1, w.nb, w.bs, w.Hkv, w.D, w.cache_dt,
+                                           PAGEDATTN_LAYOUT_NHD, 0);
+    ASSERT_NE(cache, nullptr);
+    auto kst = pat::Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, w.Hkv);
+    auto vst = pat::Tensor::make1d(dev, PAGEDATTN_DTYPE_FLOAT32, w.Hkv);
+    for (int h = 0; h < w.Hkv; ++h) {
+      kst->set(h, 0, 0, ks[h]);
+      vst->set(h, 0, 0, vs[h]);
+    }
+    kst->upload();
+    vst->upload();
+    write_context(w, cache, dev, kst->t(), vst->t());
+
+    const int64_t T = w.tokens();
+    pat::Tensor q(dev, w.dt, T, w.H, w.D), k(dev, w.dt, T, w.Hkv, w.D), v(dev, w.dt, T, w.Hkv, w.D),
+        out(dev, w.dt, T, w.H, w.D);
+    auto lse = pat::Tensor::make2d(dev, PAGEDATTN_DTYPE_FLOAT32, T, w.H);
+    load_mixed_step(w, q, k, v);
+    pagedattn_batch_desc desc = mixed_desc(w);
+    pagedattn_batch* batch = nullptr;
+    ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &desc), PAGEDATTN_OK)
+        << pagedattn_last_error();
+    pagedattn_attention_options opts;
+    ASSERT_EQ(pagedattn_attention_options_init_sized(&opts, sizeof opts), PAGEDATTN_OK);
+    opts.num_heads = w.H;
+    opts.num_kv_heads = w.Hkv;
+    opts.head_size = w.D;
+    opts.k_head_scales = kst->t();
+    opts.v_head_scales = vst->t();
+    out.poison_all();
+    out.upload();
+    lse->poison_all();
+    lse->upload();
+    ASSERT_EQ(pagedattn_forward(be, batch, cache, 0, &opts, q.t(), k.t(), v.t(), out.t(), lse->t(),
+                                nullptr),
+              PAGEDATTN_OK) << pagedattn_last_error();
+    ASSERT_EQ(pagedattn_backend_synchronize(be, nullptr), PAGEDATTN_OK) << pagedattn_last_error();
+    out.download();
+    lse->download();
+
+    // Attention: NaN rows for the bad heads; the good ones against the float64 reference over K/V
+    // as the cache holds them (fp8 of x / scale, times the scale).
+    pat::RefParams rp;
+    rp.H = w.H;
+    rp.Hkv = w.Hkv;
+    rp.D = w.D;
+    rp.scale = 1.0 / std::sqrt(static_cast<double>(w.D));
+    std::vector<double> ref, ref_lse;
+    std::vector<float> got, got_lse;
+    int not_nan = 0;
+    int64_t row = 0;
+    for (size_t s = 0; s < w.qlen.size(); ++s) {
+      const int nq = w.qlen[s];
+      std::vector<float> kc = w.k[s], vc = w.v[s];
+      for (size_t i = 0; i < kc.size(); ++i) {
+        const int h = static_cast<int>(i / w.D % w.Hkv);
+        kc[i] = good(ks[h]) ? pat::round_to(w.cache_dt, kc[i] / ks[h]) * ks[h] : 0.f;
+        vc[i] = good(vs[h]) ? pat::round_to(w.cache_dt, vc[i] / vs[h]) * vs[h] : 0.f;
+      }
+      std::vector<int64_t> qpos(nq);
+      std::iota(qpos.begin(), qpos.end(), static_cast<int64_t>(w.ctx[s]));
+      std::vector<double> o(static_cast<size_t>(nq) * w.H * w.D), l(static_cast<size_t>(nq) * w.H);
+      pat::ref_attend(rp, nq, w.q[s].data(), qpos.data(), w.ctx[s] + nq, kc.data(), vc.data(),
+                      o.data(), l.data());
+      for (int j = 0; j < nq; ++j, ++row)
+        for (int h = 0; h < w.H; ++h) {
+          const int kvh = h / group;
+          if (good(ks[kvh]) && good(vs[kvh])) {
+            for (int d = 0; d < w.D; ++d) {
+              ref.push_back(o[(static_cast<size_t>(j) * w.H + h) * w.D + d]);
+              got.push_back(out.get(row, h, d));
+            }
+            ref_lse.push_back(l[static_cast<size_t>(j) * w.H + h]);
+            got_lse.push_back(lse->get(row, h, 0));
+          } else {
+            for (int d = 0; d < w.D; ++d) not_nan += !std::isnan(out.get(row, h, d));
+            not_nan += !std::isnan(lse->get(row, h, 0));
+          }
+        }
+    }
+    EXPECT_EQ(not_nan, 0) << "out or lse elements of bad heads' rows that are not NaN";
+    const double tol = pat::tolerance(w.dt, w.cache_dt);
+    EXPECT_TRUE(pat::check_close("out (good heads)", ref, got, tol));
+    EXPECT_TRUE(pat::check_close("lse (good heads)", ref_lse, got_lse, tol));
+
+    // The cache: every position of every sequence (context from the caller's writes, new tokens
+    // from the forward's) holds fp8(x / scale), or NaN for a bad scale.
+    std::vector<int32_t> ids(w.nb);
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t blk = static_cast<size_t>(w.bs) * w.Hkv * w.D;
+    std::vector<uint8_t> buf(blk * 2 * w.nb);
+    ASSERT_EQ(pagedattn_kv_cache_read_blocks(cache, ids.data(), w.nb, buf.data(), buf.size(),
+                                             nullptr),
+              PAGEDATTN_OK) << pagedattn_last_error();
+    int bad_k = 0, bad_v = 0;
+    for (size_t s = 0; s < w.qlen.size(); ++s)
+      for (int p = 0; p < w.ctx[s] + w.qlen[s]; ++p) {
+        const int b = w.table[s * w.width + p / w.bs];
+        for (int h = 0; h < w.Hkv; ++h)
+          for (int d = 0; d < w.D; ++d) {
+            const size_t src = (static_cast<size_t>(p) * w.Hkv + h) * w.D + d;
+            for (int kv = 0; kv < 2; ++kv) {
+              const float sc = kv ? vs[h] : ks[h];
+              const float x = kv ? w.v[s][src] : w.k[s][src];
+              const float stored = pat::load(
+                  w.cache_dt, buf.data() + packed_index(1, w.bs, w.Hkv, w.D, PAGEDATTN_LAYOUT_NHD,
+                                                        b, 0, kv, p % w.bs, h, d));
+              const bool ok = good(sc) ? stored == pat::round_to(w.cache_dt, x / sc)
+                                       : std::isnan(stored);
+              if (!ok) ++(kv ? bad_v : bad_k);
+            }
+          }
+      }
+    EXPECT_EQ(bad_k, 0) << "K elements not fp8(x / scale), or not NaN for a bad scale";
+    EXPECT_EQ(bad_v, 0) << "V elements not fp8(x / scale), or not NaN for a bad scale";
+    pagedattn_batch_destroy(batch);
+    pagedattn_kv_cache_destroy(cache);
   }
 }
 
