@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
         const int ti = r / hpc, gi = r % hpc;
         float s = kNegInf;
         if (key < nk && r < rows_used && gi < gh) {
-          s = variant_logit(p, dots[j] * w.qk_scale, h0 + gi, kpos, pos_first + ti);
+          s = variant_logit(p, w, dots[j] * w.qk_scale, h0 + gi, kpos, pos_first + ti);
         }
         ss[r * SS + key] = s;
       }

@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
             const int key = c0 + j * 8 + 2 * t4 + e;
             float x = -INFINITY;
             if (valid[hr] && key < hi)
-              x = variant_logit(p, s[j][2 * hr + e] * w.qk_scale, head[hr], key, qpos[hr]);
+              x = variant_logit(p, w, s[j][2 * hr + e] * w.qk_scale, head[hr], key, qpos[hr]);
             s[j][2 * hr + e] = x;
             mx = max_keep_nan(mx, x);
           }

@@ -236,7 +236,7 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
                    PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_HOST_SWAP |
                    PAGEDATTN_FEATURE_GRAPH_CAPTURE | PAGEDATTN_FEATURE_WRAP_CACHE |
                    PAGEDATTN_FEATURE_SINKS | PAGEDATTN_FEATURE_CHUNKED_LOCAL |
-                   PAGEDATTN_FEATURE_HEAD_SCALES;
+                   PAGEDATTN_FEATURE_HEAD_SCALES | PAGEDATTN_FEATURE_TREE_MASK;
   // The dtypes and the largest head size come from instantiations.h.
 #define PA_DTYPE_BIT(CODE, ...) | PAGEDATTN_DTYPE_BIT(CODE)
   caps->dtypes = 0u PA_GPU_DTYPES(PA_DTYPE_BIT, );
@@ -664,6 +664,8 @@ int32_t fill_attn_params(AttnParams* p, const pa_forward_args* a, const Plan* pl
   p->chunk = a->attention_chunk;
   p->alibi = a->alibi_slopes;
   p->sinks = a->sinks;
+  p->tree_ip = pl->cap_tree > 0 ? pl->d<int64_t>(pl->o_tree_ip) : nullptr;
+  p->tree = pl->cap_tree > 0 ? pl->d<uint8_t>(pl->o_tree) : nullptr;
   p->kind = cross ? kCross : (encoder ? kEncoder : kDecoder);
   p->query_lens = pl->d<int32_t>(pl->o_qlen);
   p->context_lens = pl->d<int32_t>(pl->o_ctx);

@@ -61,6 +61,10 @@ struct AttnParams {
   int32_t chunk;        // attention chunk (decoder), 0 = off
   const float* alibi;
   const float* sinks;   // [num_heads] sink logits, or NULL
+  // Speculative-decoding tree masks (the batch's device copy): tree_ip [seqs + 1] byte offsets
+  // into tree (an empty segment is causal), or NULL for a batch planned without masks.
+  const int64_t* tree_ip;
+  const uint8_t* tree;
   int32_t kind;
   KvSource kv;
   const int32_t* query_lens;

@@ -66,6 +66,11 @@ pl->o_tab = take(&cur, ns * static_cast<size_t>(pl->tab_stride) * 4);
 pl->o_xtab = take(&cur, ns * static_cast<size_t>(pl->xtab_stride) * 4);
 pl->o_slots = take(&cur, static_cast<size_t>(pl->cap_tokens) * 8);
 pl->o_xslots = take(&cur, static_cast<size_t>(pl->cap_enc) * 8);
+pl->cap_tree = b->cap_tree_mask_bytes;
+if (pl->cap_tree > 0) {
+  pl->o_tree_ip = take(&cur, (ns + 1) * 8);
+  pl->o_tree = take(&cur, static_cast<size_t>(pl->cap_tree));
+}
 pl->o_counts = take(&cur, kNumCounts * 4);
 pl->o_dsplit = take(&cur, static_cast<size_t>(pl->cap_dsplit) * sizeof(WorkItem));
 pl->o_dwhole = take(&cur, ns * sizeof(WorkItem));
@@ -91,6 +96,17 @@ pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
   WorkItem* dsplit = pl->h<WorkItem>(pl->o_dsplit);
   WorkItem* dwhole = pl->h<WorkItem>(pl->o_dwhole);
   MergeItem* merge = pl->h<MergeItem>(pl->o_merge);
+  // Tree masks: the step's offsets and bits, or zero offsets (every segment causal).
+  if (pl->cap_tree > 0 && b->tree_indptr) {
+    const int64_t bytes = b->tree_indptr[b->num_seqs];
+    if (bytes > pl->cap_tree) {
+      set_msg(msg, "tree masks of %lld bytes, the batch was planned for %lld",
+              static_cast<long long>(bytes), static_cast<long long>(pl->cap_tree));
+      return PAGEDATTN_ERROR_CAPACITY;
+    }
+    memcpy(pl->h<int64_t>(pl->o_tree_ip), b->tree_indptr, (b->num_seqs + 1) * sizeof(int64_t));
+    memcpy(pl->h<uint8_t>(pl->o_tree), b->tree_mask, static_cast<size_t>(bytes));
+  }
   const int32_t kAll = 0x7fffffff;
   int32_t nsplit = 0, nwhole = 0, nmerge = 0, npart = 0, npre[3] = {0, 0, 0};
   for (int32_t i = 0; i < b->num_seqs; ++i) {

@@ -32,7 +32,8 @@ struct Plan {
   std::vector<char> host;     // staging image of the metadata region
   size_t o_qlen = 0, o_ctx = 0, o_qstart = 0, o_enc = 0, o_tab = 0, o_xtab = 0, o_slots = 0,
          o_xslots = 0, o_counts = 0, o_dsplit = 0, o_dwhole = 0, o_merge = 0, o_pre[3] = {0, 0, 0},
-         o_part = 0, o_plse = 0;
+         o_part = 0, o_plse = 0, o_tree_ip = 0, o_tree = 0;
+  int64_t cap_tree = 0;       // tree mask bytes planned for (0: none)
   int32_t cap_seqs = 0;
   int64_t cap_tokens = 0, cap_enc = 0, cap_seq_len = 0;
   int32_t tab_stride = 0, xtab_stride = 0;

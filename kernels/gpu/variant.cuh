@@ -67,6 +67,7 @@ struct CtaWork {
   int seq, qlen, ctx, row0, pos_first;
   KeyRange keys;
   float qk_scale, v_scale;
+  const uint8_t* tree;  // the sequence's tree mask (decoder, 2+ new tokens), or NULL
 };
 __device__ __forceinline__ CtaWork cta_work(const AttnParams& p, const WorkItem& it) {
   CtaWork w;
@@ -85,7 +86,17 @@ __device__ __forceinline__ CtaWork cta_work(const AttnParams& p, const WorkItem&
   const float ks = head_scale(p.k_head_scales, w.kvh, p.k_scale);
   w.qk_scale = p.scale * ks;
   w.v_scale = ks != ks ? NAN : head_scale(p.v_head_scales, w.kvh, p.v_scale);
+  w.tree = nullptr;
+  if (p.tree_ip && p.kind == kDecoder && w.qlen > 1 && p.tree_ip[w.seq + 1] > p.tree_ip[w.seq])
+    w.tree = p.tree + p.tree_ip[w.seq];
   return w;
+}
+
+// Whether new token r of the CTA's sequence sees its new token j under the sequence's tree mask
+// (kernels/cpu/variant.h tree_sees: q x q bits, row-major, least significant bit first).
+__device__ __forceinline__ bool tree_sees(const CtaWork& w, int r, int j) {
+  const int64_t b = static_cast<int64_t>(r) * w.qlen + j;
+  return (w.tree[b >> 3] >> (b & 7)) & 1;
 }
 
 // Element offsets of key pos's K and V rows of KV head kvh of sequence seq: through the block
@@ -106,13 +117,16 @@ __device__ __forceinline__ void key_offsets(const AttnParams& p, int seq, int kv
   }
 }
 
-// The logit of key kpos for the query at qpos of head h from its scaled score s: soft cap, ALiBi,
-// then a decoder's masks: causal order, window and chunk (-inf for a key the query does not see).
-__device__ __forceinline__ float variant_logit(const AttnParams& p, float s, int h, int kpos,
-                                               int qpos) {
+// The logit of key kpos for the query at qpos of head h (CTA w) from its scaled score s: soft
+// cap, ALiBi, then a decoder's masks: causal order, window, chunk and tree mask (-inf for a key
+// the query does not see).
+__device__ __forceinline__ float variant_logit(const AttnParams& p, const CtaWork& w, float s,
+                                               int h, int kpos, int qpos) {
   if (p.soft_cap > 0.f) s = p.soft_cap * tanhf(s / p.soft_cap);
   if (p.alibi) s += p.alibi[h] * static_cast<float>(kpos - qpos);
   if (p.kind == kDecoder && (kpos > qpos || kpos < visible_lo(p, qpos))) s = -INFINITY;
+  if (w.tree && kpos >= w.ctx && kpos <= qpos && !tree_sees(w, qpos - w.ctx, kpos - w.ctx))
+    s = -INFINITY;
   return s;
 }
 

@@ -511,6 +511,104 @@ TEST_F(Gpu, GraphCaptureDecodeReplayAfterUpdate) {
   pagedattn_kv_cache_destroy(cache);
 }
 
+// Tree masks live in the batch's device buffer: a forward captured under chain masks, replayed
+// after an update to branching trees, gives the bytes of an uncaptured forward of the new step,
+// and not those of the chains.
+TEST_F(Gpu, GraphCaptureTreeMaskReplayAfterUpdate) {
+  if (!(caps.features & PAGEDATTN_FEATURE_GRAPH_CAPTURE) ||
+      !(caps.features & PAGEDATTN_FEATURE_TREE_MASK))
+    GTEST_SKIP() << "no graph capture or tree masks";
+  const uint64_t master = pat::test_seed();
+  SCOPED_TRACE(pat::seed_note(master));
+  std::mt19937_64 rng(master);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  const int H = 8, Hkv = 2, D = 64, bs = 16, nb = 64, q = 6, T = 2 * q;
+  const pagedattn_dtype dt = PAGEDATTN_DTYPE_BFLOAT16;
+  pagedattn_kv_cache* cache = make_cache(be, 1, nb, bs, Hkv, D, dt, PAGEDATTN_LAYOUT_NHD, 0);
+  ASSERT_NE(cache, nullptr);
+  std::vector<int32_t> ql = {q, q}, cl = {40 + static_cast<int32_t>(rng() % 100), 7};
+  std::vector<int32_t> tab(2 * 16);
+  for (int i = 0; i < 32; ++i) tab[i] = i;
+  std::shuffle(tab.begin(), tab.end(), rng);
+  // Chains (each token sees all earlier ones) and branching trees (token j's parent (j-1)/2).
+  auto masks = [&](bool branching) {
+    std::vector<uint8_t> bits(2 * ((q * q + 7) / 8), 0);
+    for (int s = 0; s < 2; ++s)
+      for (int r = 0; r < q; ++r)
+        for (int a = r; a >= 0; a = branching ? (a == 0 ? -1 : (a - 1) / 2) : a - 1) {
+          const int b = s * ((q * q + 7) / 8) * 8 + r * q + a;
+          bits[b / 8] |= static_cast<uint8_t>(1u << (b % 8));
+        }
+    return bits;
+  };
+  const std::vector<uint8_t> chain = masks(false), tree = masks(true);
+  const std::vector<int64_t> ip = {0, (q * q + 7) / 8, 2 * ((q * q + 7) / 8)};
+  pagedattn_batch_desc desc;
+  ASSERT_EQ(pagedattn_batch_desc_init_sized(&desc, sizeof desc), PAGEDATTN_OK);
+  desc.num_seqs = 2;
+  desc.query_lens = ql.data();
+  desc.context_lens = cl.data();
+  desc.block_tables = tab.data();
+  desc.block_table_stride = 16;
+  desc.tree_mask = chain.data();
+  desc.tree_mask_indptr = ip.data();
+  pagedattn_batch* batch = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&batch, be, cache, nullptr, &desc), PAGEDATTN_OK)
+      << pagedattn_last_error();
+  pat::Tensor tq(dev, dt, T, H, D), tk(dev, dt, T, Hkv, D), tv(dev, dt, T, Hkv, D);
+  pat::Tensor o_replay(dev, dt, T, H, D), o_eager(dev, dt, T, H, D), o_chain(dev, dt, T, H, D);
+  for (pat::Tensor* t : {&tq, &tk, &tv}) {
+    for (int64_t r = 0; r < t->rows(); ++r)
+      for (int64_t h = 0; h < t->heads(); ++h)
+        for (int64_t d = 0; d < D; ++d) t->set(r, h, d, nd(rng));
+    t->upload();
+  }
+  pagedattn_attention_options opts;
+  pagedattn_attention_options_init(&opts);
+  opts.num_heads = H;
+  opts.num_kv_heads = Hkv;
+  opts.head_size = D;
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ASSERT_EQ(pagedattn_forward(be, batch, cache, 0, &opts, tq.t(), tk.t(), tv.t(), o_chain.t(),
+                              nullptr, stream), PAGEDATTN_OK) << pagedattn_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const pagedattn_status fst = pagedattn_forward(be, batch, cache, 0, &opts, tq.t(), tk.t(),
+                                                 tv.t(), o_replay.t(), nullptr, stream);
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  ASSERT_EQ(fst, PAGEDATTN_OK) << pagedattn_last_error();
+  cudaGraphExec_t exec;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  desc.tree_mask = tree.data();
+  ASSERT_EQ(pagedattn_batch_update(batch, &desc), PAGEDATTN_OK) << pagedattn_last_error();
+  o_replay.poison_all();
+  o_replay.upload();
+  CUDA_OK(cudaGraphLaunch(exec, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  // The same step without a graph, on a batch planned with the trees.
+  pagedattn_batch* eager = nullptr;
+  ASSERT_EQ(pagedattn_batch_create(&eager, be, cache, nullptr, &desc), PAGEDATTN_OK)
+      << pagedattn_last_error();
+  ASSERT_EQ(pagedattn_forward(be, eager, cache, 0, &opts, tq.t(), tk.t(), tv.t(), o_eager.t(),
+                              nullptr, stream), PAGEDATTN_OK) << pagedattn_last_error();
+  CUDA_OK(cudaStreamSynchronize(stream));
+  o_replay.download();
+  o_eager.download();
+  o_chain.download();
+  EXPECT_TRUE(o_replay.buf().host() == o_eager.buf().host())
+      << "the replay after the update differs from a direct forward of the trees";
+  EXPECT_FALSE(o_replay.buf().host() == o_chain.buf().host())
+      << "the replay still used the captured step's chain masks";
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
+  pagedattn_batch_destroy(eager);
+  pagedattn_batch_destroy(batch);
+  pagedattn_kv_cache_destroy(cache);
+}
+
 // ---- a mixed step (chunked prefill + decodes) in a CUDA graph ----
 
 // One step of several sequences: query_len and context_len each, K/V of every position (the
