@@ -435,6 +435,29 @@ TEST_F(Attention, SinksChunksHeadScalesWithEveryOption) {
   });
 }
 
+// Long prefills with short attention chunks and windows: a query tile's later tokens see
+// nothing of the first key tiles (their chunk or window starts past them). The onednn backend
+// once wrote past a score row there.
+TEST_F(Attention, ChunkOrWindowStartsPastAKeyTile) {
+  if (!(caps.features & PAGEDATTN_FEATURE_CHUNKED_LOCAL))
+    GTEST_SKIP() << "skipped: " << caps.name << " lacks attention chunks";
+  run(6, [&](std::mt19937_64&, int i) {
+    AttnCase c;
+    c.dtype = kModel[1 + i % 2];  // 16-bit queries: the onednn backend's matmul tiles
+    c.H = 4;
+    c.Hkv = 4;  // one head per group: a query tile spans the most tokens
+    c.D = i % 2 ? 224 : 128;
+    c.block_size = 16;
+    c.lse = true;
+    c.seqs = {{99, i % 3 == 2 ? 54 : 0, 0}, {97, 19, 0}};  // {qlen, ctx, enc}
+    if (i % 3 == 1)
+      c.window = 20;
+    else
+      c.chunk = 33 + 32 * (i % 2);
+    return c;
+  });
+}
+
 // Speculative-decoding verification (docs/semantics.md 4.7): draft trees over the new tokens of
 // decode and chunked-prefill sequences, with chains and causal (empty) segments among them.
 TEST_F(Attention, FastTreeMasks) {

@@ -47,7 +47,8 @@ bool SoftmaxTile(const SoftmaxTileArgs& a) {
     // Visible keys of this token: [lo, hi] absolute, contiguous; clipped to the tile's [0, nk).
     const int64_t lo = pa_cpu::visible_lo(a.causal, a.window, a.chunk, pos);
     const int64_t hi = pa_cpu::visible_hi(a.causal, pos, a.kt0 + a.nk);
-    const int kb = static_cast<int>(std::max<int64_t>(0, lo - a.kt0));
+    // A token whose window or attention chunk starts past the tile sees none of it: kb = nk.
+    const int kb = static_cast<int>(std::clamp<int64_t>(lo - a.kt0, 0, a.nk));
     const int ke = static_cast<int>(std::max<int64_t>(kb, std::min<int64_t>(a.nk, hi - a.kt0 + 1)));
     for (int g = 0; g < a.nh; ++g) {
       const int r = t * a.nh + g;
