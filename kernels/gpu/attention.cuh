@@ -22,7 +22,8 @@
 
 namespace pagedattn_gpu {
 
-// kStages buffers of kChunk keys (K and V) each: one is computed on while the next loads.
+// The default tile's kStages buffers of kChunk keys (K and V) each: one is computed on while the
+// next loads.
 template <typename KT, int DMAX>
 struct AttnLayout {
   static constexpr int kES = sizeof(KT);
@@ -38,17 +39,16 @@ struct AttnLayout {
 #endif
 };
 
-template <int R, int NT, int CHUNK, typename KT, int DMAX>
+template <int R, int CHUNK, int STAGES, typename KT, int DMAX>
 constexpr size_t attn_smem_bytes() {
   using L = AttnLayout<KT, DMAX>;
-  return sizeof(float) * R * L::kQRow + 2u * kStages * CHUNK * L::kRowBytes +
+  return sizeof(float) * R * L::kQRow + 2u * STAGES * CHUNK * L::kRowBytes +
          sizeof(float) * R * (CHUNK + 1) + sizeof(float) * 3 * R;
 }
 
-template <typename T, typename KT, int DMAX, int R, int NT>
+template <typename T, typename KT, int DMAX, int R, int NT, int CHUNK, int STAGES>
 __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   using L = AttnLayout<KT, DMAX>;
-  constexpr int CHUNK = L::kChunk;
   constexpr int ROWB = L::kRowBytes;
   constexpr int QROW = L::kQRow;
   constexpr int ES = sizeof(KT);
@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   PA_DYNAMIC_SHARED(16, smem_raw);
   float* qs = reinterpret_cast<float*>(smem_raw);
   char* kv_bufs = smem_raw + sizeof(float) * R * QROW;  // per stage: K chunk, then V chunk
-  float* ss = reinterpret_cast<float*>(kv_bufs + kStages * 2 * CHUNK * ROWB);
+  float* ss = reinterpret_cast<float*>(kv_bufs + STAGES * 2 * CHUNK * ROWB);
   float* m_s = ss + R * SS;
   float* l_s = m_s + R;
   float* a_s = l_s + R;
@@ -140,16 +140,16 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
   if (lo < hi) stage(lo, 0);
   async_commit();
   int buf = 0;
-  for (int c0 = lo; c0 < hi; c0 += CHUNK, buf = (buf + 1) % kStages) {
+  for (int c0 = lo; c0 < hi; c0 += CHUNK, buf = (buf + 1) % STAGES) {
     const int nk = min(CHUNK, hi - c0);
     __syncthreads();  // the previous chunk is fully consumed: its buffer may be refilled
-    if (kStages == 1) {
+    if (STAGES == 1) {
       if (c0 != lo) stage(c0, 0);
     } else if (c0 + CHUNK < hi) {
-      stage(c0 + CHUNK, (buf + 1) % kStages);
+      stage(c0 + CHUNK, (buf + 1) % STAGES);
     }
     async_commit();
-    async_wait<kStages - 1>();  // this thread's copies of chunk c0 have landed...
+    async_wait<STAGES - 1>();  // this thread's copies of chunk c0 have landed...
     __syncthreads();            // ...and every thread's
     const char* ks = kv_bufs + buf * (2 * CHUNK * ROWB);
     const char* vs = ks + CHUNK * ROWB;
@@ -272,20 +272,55 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
 
 
 
-// The scalar kernel's tile: rows, threads, chunk and dynamic shared memory.
+// The scalar kernel's tile: rows, threads, K/V chunk and stages, and dynamic shared memory.
 template <typename KT, int DMAX, bool DECODE>
 struct ScalarTile {
   static constexpr int kR = DECODE ? kDecodeRows : kPrefillRows;
   static constexpr int kNT = DECODE ? 128 : 256;
   static constexpr int kChunk = AttnLayout<KT, DMAX>::kChunk;
-  static constexpr size_t kBytes = attn_smem_bytes<kR, kNT, kChunk, KT, DMAX>();
+  static constexpr int kStages = pagedattn_gpu::kStages;
+  static constexpr size_t kBytes = attn_smem_bytes<kR, kChunk, kStages, KT, DMAX>();
 };
 
-// The scalar kernel: tiles of f32 queries, and every tile where mma.sync is missing (HIP).
-template <typename T, typename KT, int DMAX, bool DECODE>
-gpuError_t launch_attention_scalar(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
-  using Tile = ScalarTile<KT, DMAX, DECODE>;
-  constexpr int R = Tile::kR;
+// The chunk of a one-stage tile that fits kSmallSmem: the default's, halved until it fits.
+template <typename KT, int DMAX, bool DECODE>
+constexpr int lean_chunk() {
+  using Full = ScalarTile<KT, DMAX, DECODE>;
+  int c = Full::kChunk;
+  while (c > 8 && attn_smem_bytes<Full::kR, 0, 1, KT, DMAX>() +
+                          static_cast<size_t>(c) * (2u * AttnLayout<KT, DMAX>::kRowBytes +
+                                                    sizeof(float) * Full::kR) >
+                      static_cast<size_t>(kSmallSmem))
+    c /= 2;
+  return c;
+}
+
+// The variant of a tile larger than kSmallSmem launched on devices that give a block less than
+// the default needs (float32 queries at head sizes 192 and up): the same rows, one K/V stage
+// (copies are not overlapped with compute) and a shorter chunk.
+template <typename KT, int DMAX, bool DECODE>
+struct LeanScalarTile {
+  using Full = ScalarTile<KT, DMAX, DECODE>;
+  static constexpr int kR = Full::kR;
+  static constexpr int kNT = Full::kNT;
+  static constexpr int kChunk = lean_chunk<KT, DMAX, DECODE>();
+  static constexpr int kStages = 1;
+  static constexpr size_t kBytes = attn_smem_bytes<kR, kChunk, kStages, KT, DMAX>();
+  static_assert(kBytes <= static_cast<size_t>(kSmallSmem), "lean tile exceeds kSmallSmem");
+};
+
+// Whether tile Full has a lean variant: only where it does not fit the smallest devices.
+template <typename KT, int DMAX, bool DECODE>
+constexpr bool has_lean_tile() {
+#if defined(PA_LDS_64K)
+  return false;  // every AMD tile fits the 64 KiB of LDS
+#else
+  return ScalarTile<KT, DMAX, DECODE>::kBytes > static_cast<size_t>(kSmallSmem);
+#endif
+}
+
+template <typename T, typename KT, int DMAX, typename Tile>
+gpuError_t launch_scalar_tile(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
   constexpr int NT = Tile::kNT;
   constexpr size_t smem = Tile::kBytes;
 #if defined(PA_LDS_64K)
@@ -293,7 +328,7 @@ gpuError_t launch_attention_scalar(int32_t max_items, const AttnParams& p, gpuSt
 #else
   static_assert(smem <= 163 * 1024, "tile exceeds the shared memory of sm_80");
 #endif
-  auto kernel = attention_kernel<T, KT, DMAX, R, NT>;
+  auto kernel = attention_kernel<T, KT, DMAX, Tile::kR, NT, Tile::kChunk, Tile::kStages>;
   if (smem > 48 * 1024) {
     static std::atomic<uint64_t> smem_set{0};
     const gpuError_t attr = raise_smem_limit(kernel, static_cast<int>(smem), smem_set);
@@ -303,6 +338,19 @@ gpuError_t launch_attention_scalar(int32_t max_items, const AttnParams& p, gpuSt
   dim3 grid(static_cast<unsigned>(max_items), static_cast<unsigned>(p.num_kv_heads * nhg));
   PA_LAUNCH(kernel, grid, NT, smem, stream)(p);
   return gpuGetLastError();
+}
+
+// The scalar kernel: tiles of f32 queries, and every tile where mma.sync is missing (HIP); the
+// default tile where the device gives a block enough shared memory, else the lean one.
+template <typename T, typename KT, int DMAX, bool DECODE>
+gpuError_t launch_attention_scalar(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
+  using Full = ScalarTile<KT, DMAX, DECODE>;
+  if constexpr (has_lean_tile<KT, DMAX, DECODE>()) {
+    if (p.smem_per_block < static_cast<int64_t>(Full::kBytes))
+      return launch_scalar_tile<T, KT, DMAX, LeanScalarTile<KT, DMAX, DECODE>>(max_items, p,
+                                                                              stream);
+  }
+  return launch_scalar_tile<T, KT, DMAX, Full>(max_items, p, stream);
 }
 
 template <typename T, typename KT, int DMAX, bool DECODE>
@@ -320,12 +368,14 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
 #endif
 }
 
-// The dynamic shared memory of the tile launch_attention_one<T, KT, DMAX, DECODE> launches.
+// The least dynamic shared memory with which launch_attention_one<T, KT, DMAX, DECODE> has a
+// tile to launch: its lean tile's where it has one.
 template <typename T, typename KT, int DMAX, bool DECODE>
 constexpr size_t attention_tile_bytes() {
 #if defined(PA_HAS_MMA_SYNC)
   if constexpr (sizeof(T) == 2) return MmaLayout<DMAX, DECODE ? 1 : 4>::kBytes;
 #endif
+  if constexpr (has_lean_tile<KT, DMAX, DECODE>()) return LeanScalarTile<KT, DMAX, DECODE>::kBytes;
   return ScalarTile<KT, DMAX, DECODE>::kBytes;
 }
 

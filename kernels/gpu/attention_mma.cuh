@@ -363,7 +363,8 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
 template <typename T, typename KT, int DMAX, int WARPS>
 gpuError_t launch_attention_mma(int32_t max_items, const AttnParams& p, gpuStream_t stream) {
   using L = MmaLayout<DMAX, WARPS>;
-  static_assert(L::kBytes <= 163 * 1024, "tile exceeds the shared memory of sm_80");
+  static_assert(L::kBytes <= static_cast<size_t>(kSmallSmem),
+                "a tensor-core tile exceeds the shared memory of the smallest devices served");
   static_assert((WARPS == 1 ? kDecodeRows : kPrefillRows) <= L::kR, "a tile's rows must fit");
   auto kernel = attention_mma_kernel<T, KT, DMAX, WARPS>;
   if (L::kBytes > 48 * 1024) {

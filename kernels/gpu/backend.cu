@@ -61,6 +61,7 @@ pagedattn_status dev_error(gpuError_t e, const char* what, char* msg) {
 struct State {
   int device = 0;
   int sm_count = 1;
+  int64_t smem_per_block = 0;  // opt-in dynamic shared memory per block
   uint64_t total_memory = 0;
   uint64_t limit = 0;
   std::atomic<uint64_t> used{0};
@@ -203,6 +204,7 @@ pagedattn_status create(void** out, const pagedattn_backend_options* opts, char*
     return dev_error(e, "GetDeviceProperties", msg);
   }
   s->sm_count = std::max(1, prop.multiProcessorCount);
+  s->smem_per_block = static_cast<int64_t>(PA_SMEM_PER_BLOCK(prop));
   s->total_memory = prop.totalGlobalMem;
   try {
     s->target = device_target(prop);
@@ -742,6 +744,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
 
   AttnParams p;
   const int32_t kt = fill_attn_params(&p, a, pl);
+  p.smem_per_block = s->smem_per_block;
 
   int unsupported = 0;
   const bool split = decode_split(*pl, a->num_heads, a->head_size);

@@ -75,6 +75,9 @@ struct AttnParams {
   const int32_t* num_items;  // device count (graph replay reads the updated value)
   float* part_o;             // [part][num_heads][head_size]
   float* part_lse;           // [part][num_heads]
+  // Host side only: the shared memory the device gives a block, from which the launchers pick
+  // each tile's variant (kernels do not read it).
+  int64_t smem_per_block;
 };
 
 // Rows per CTA: decode tiles (one token, up to 8 query heads of a group) and prefill tiles.
@@ -100,8 +103,13 @@ gpuError_t launch_attention_t(int32_t qt, int32_t kt, bool decode, int32_t max_i
 // carries no code object the device can run.
 gpuError_t kernel_attributes(gpuFuncAttributes* attr);
 
-// The most dynamic shared memory per block any attention launch asks for (the plugin refuses a
-// device that cannot give it), and the same for queries of device type T (attention.cuh).
+// The shared memory per block of the smallest devices served (sm_86, sm_89, sm_120: 99 KiB): a
+// tile larger than this has a lean variant that fits it, launched where the device gives less.
+constexpr int64_t kSmallSmem = 99 * 1024;
+
+// The dynamic shared memory per block a device must give so that every attention launch has a
+// tile that fits (the plugin refuses a device that cannot give it), and the same for queries of
+// device type T (attention.cuh).
 size_t attention_smem_need();
 template <typename T>
 size_t attention_smem_need_t();

@@ -1,5 +1,5 @@
 // GPU-only tests on the backend named by PAGEDATTN_TEST_BACKEND (cuda): every supported head size x
-// dtype x cache dtype, GQA ratios 1-8 and beyond, block sizes 8-128, split-KV decode, CUDA-graph
+// dtype x cache dtype, float32 queries at the widest heads (the lean tiles), GQA ratios 1-8 and beyond, block sizes 8-128, split-KV decode, CUDA-graph
 // capture and replay after an in-place batch update (a decode step and a mixed chunked-prefill
 // step), device <-> host swaps, device slot mappings with bad slots, bad per-KV-head fp8 scales
 // in device memory, and the small cases that scripts/gpu-check runs under compute-sanitizer. Without a GPU every test prints
@@ -81,6 +81,36 @@ TEST_F(Gpu, EverySpecHeadSizeDtypeAndCacheDtype) {
         cases.push_back(c);
         ++i;
       }
+  run_cases(cases, master);
+}
+
+// Float32 queries at the widest head sizes, whose default tiles need more shared memory than
+// sm_86/sm_89/sm_120 give a block: there (the emulator's sm_86 run) the lean tiles serve them.
+TEST_F(Gpu, WideFloat32TilesEveryCacheDtype) {
+  const uint64_t master = pat::test_seed();
+  std::mt19937_64 rng(master ^ 0x5a11);
+  std::vector<AttnCase> cases;
+  int i = 0;
+  for (int d : {192, 256, 224})
+    for (pagedattn_dtype ct : kCache) {
+      AttnCase c;
+      c.dtype = PAGEDATTN_DTYPE_FLOAT32;
+      c.cache_dtype = ct;
+      c.D = d;
+      c.H = 4;
+      c.Hkv = (i % 2) ? 4 : 1;
+      c.block_size = kGpuBlocks[i % 5];
+      c.layout = (i % 2) ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
+      c.lse = true;
+      c.window = (i % 4 == 3) ? 1 + static_cast<int>(rng() % 60) : 0;
+      if (pat::is_fp8(ct)) {
+        c.k_scale = 0.5f + static_cast<float>(rng() % 3);
+        c.v_scale = 0.25f * static_cast<float>(1 + rng() % 6);
+      }
+      c.seqs = mixed(rng, 80, 200);
+      cases.push_back(c);
+      ++i;
+    }
   run_cases(cases, master);
 }
 

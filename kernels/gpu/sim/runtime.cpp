@@ -45,10 +45,14 @@ struct VirtualDevice {
 };
 constexpr VirtualDevice kDevices[] = {
     {"sm_90", "pagedattn gpusim (emulated sm_90)", "", 9, 0, 132, 32, 227 * 1024},
+    {"sm_100", "pagedattn gpusim (emulated sm_100)", "", 10, 0, 148, 32, 227 * 1024},
+    {"sm_120", "pagedattn gpusim (emulated sm_120)", "", 12, 0, 170, 32, 99 * 1024},
     {"sm_89", "pagedattn gpusim (emulated sm_89)", "", 8, 9, 128, 32, 99 * 1024},
     {"sm_86", "pagedattn gpusim (emulated sm_86)", "", 8, 6, 84, 32, 99 * 1024},
     {"sm_80", "pagedattn gpusim (emulated sm_80)", "", 8, 0, 108, 32, 163 * 1024},
     {"sm_75", "pagedattn gpusim (emulated sm_75)", "", 7, 5, 40, 32, 64 * 1024},
+    // No such part: an sm_80 that gives a block less than the smallest tiles need (the refusal).
+    {"sm_80_64k", "pagedattn gpusim (emulated sm_80_64k)", "", 8, 0, 108, 32, 64 * 1024},
     {"gfx90a", "pagedattn gpusim (emulated gfx90a)", "gfx90a:sramecc+:xnack-", 9, 0, 104, 64,
      64 * 1024},
     {"gfx942", "pagedattn gpusim (emulated gfx942)", "gfx942:sramecc+:xnack-", 9, 4, 304, 64,
@@ -88,11 +92,12 @@ bool serves(const char* built, const VirtualDevice& d) {
       const std::string base = std::string(d.arch).substr(0, std::string(d.arch).find(':'));
       if (t == base) return true;
     } else if (t.rfind("sm_", 0) == 0 && t.size() >= 5) {
-      const int v = std::stoi(t.substr(3, 2));
-      const bool arch_specific = t.size() > 5 && t[5] == 'a';
+      size_t digits = 0;
+      const int v = std::stoi(t.substr(3), &digits);  // sm_86, sm_90a, sm_100, sm_120
+      const bool arch_specific = 3 + digits < t.size() && t[3 + digits] == 'a';
       if (arch_specific ? v == cc : (v / 10 == d.major && v <= cc)) return true;
     } else if (t.rfind("compute_", 0) == 0 && t.size() >= 10) {
-      if (std::stoi(t.substr(8, 2)) <= cc) return true;
+      if (std::stoi(t.substr(8)) <= cc) return true;
     }
   }
   return false;
