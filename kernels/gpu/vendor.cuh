@@ -72,7 +72,9 @@ typedef hipFuncAttributes gpuFuncAttributes;
 #else  // CUDA, or the emulator (PA_SIM: the host compiler against sim/include)
 #define PA_CUDA 1
 // Before the runtime header: the emulator's cudaFuncGetAttributes answers by this list.
-#if defined(PA_SIM_HIP)
+#if defined(PA_SIM_HIP) && defined(PA_SIM_WAVE32)
+#define PA_GPU_CODE_OBJECTS PA_SIM_HIP_WAVE32_CODE_OBJECTS
+#elif defined(PA_SIM_HIP)
 #define PA_GPU_CODE_OBJECTS PA_SIM_HIP_CODE_OBJECTS
 #else
 #define PA_GPU_CODE_OBJECTS PA_CUDA_CODE_OBJECTS
@@ -110,11 +112,16 @@ typedef cudaFuncAttributes gpuFuncAttributes;
 #define gpuErrorMemoryAllocation cudaErrorMemoryAllocation
 #define PA_SMEM_PER_BLOCK(prop) ((prop).sharedMemPerBlockOptin)
 #if defined(PA_SIM) && defined(PA_SIM_HIP)
-// The emulator as an AMD GPU (CDNA): wave 64, 64 KiB of LDS, none of CUDA's features.
+// The emulator as an AMD GPU: wave 64 (CDNA) or, with PA_SIM_WAVE32, wave 32 (RDNA), 64 KiB of
+// LDS, none of CUDA's features.
 #define PA_RUNTIME_NAME "hip"
 #define PA_DEVICE_TYPE PAGEDATTN_DEVICE_ROCM
 #define PA_HOST_DEVICE_TYPE PAGEDATTN_DEVICE_ROCM_HOST
+#if defined(PA_SIM_WAVE32)
+#define PA_WARP_SIZE 32
+#else
 #define PA_WARP_SIZE 64
+#endif
 #define PA_SHFL_XOR(v, m) __shfl_xor((v), (m))
 #define PA_SYNCWARP() __builtin_amdgcn_wave_barrier()
 #define PA_LDS_64K 1
