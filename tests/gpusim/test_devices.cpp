@@ -110,7 +110,7 @@ TEST(GpuSimDevices, RefusesDevicesWithoutItsCodeObjects) {
     expect_refused("gfx90a", "cannot run this plugin's kernels");
     expect_refused("gfx942", "cannot run this plugin's kernels");
   } else if (backend() == "hip") {
-    // Wave-64 code objects (gfx908, gfx90a, gfx940, gfx942): RDNA3 does not run them.
+    // Wave-64 code objects (gfx908, gfx90a, gfx942): RDNA3 does not run them.
     expect_refused("gfx1100", "cannot run this plugin's kernels");
     expect_refused("sm_90", "cannot run this plugin's kernels");
   } else {
