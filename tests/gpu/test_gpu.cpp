@@ -56,6 +56,25 @@ std::vector<SeqSpec> mixed(std::mt19937_64& rng, int max_q, int max_ctx) {
   return pat::random_mixed_seqs(rng, 2 + static_cast<int>(rng() % 4), max_q, max_ctx, true);
 }
 
+// Case i of a dtype sweep: its block size and layout follow i, an fp8 cache gets random scales.
+AttnCase dtype_case(pagedattn_dtype dt, pagedattn_dtype ct, int d, int h, int hkv, int i,
+                    std::mt19937_64& rng) {
+  AttnCase c;
+  c.dtype = dt;
+  c.cache_dtype = ct;
+  c.D = d;
+  c.H = h;
+  c.Hkv = hkv;
+  c.block_size = kGpuBlocks[i % 5];
+  c.layout = (i % 2) ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
+  c.lse = true;
+  if (pat::is_fp8(ct)) {
+    c.k_scale = 0.5f + static_cast<float>(rng() % 3);
+    c.v_scale = 0.25f * static_cast<float>(1 + rng() % 6);
+  }
+  return c;
+}
+
 TEST_F(Gpu, EverySpecHeadSizeDtypeAndCacheDtype) {
   const uint64_t master = pat::test_seed();
   std::mt19937_64 rng(master ^ 0x1234);
@@ -64,19 +83,7 @@ TEST_F(Gpu, EverySpecHeadSizeDtypeAndCacheDtype) {
   for (int d : kSpecHeads)
     for (pagedattn_dtype dt : kModel)
       for (pagedattn_dtype ct : kCache) {
-        AttnCase c;
-        c.dtype = dt;
-        c.cache_dtype = ct;
-        c.D = d;
-        c.H = 8;
-        c.Hkv = (i % 3 == 0) ? 8 : 2;
-        c.block_size = kGpuBlocks[i % 5];
-        c.layout = (i % 2) ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
-        c.lse = true;
-        if (pat::is_fp8(ct)) {
-          c.k_scale = 0.5f + static_cast<float>(rng() % 3);
-          c.v_scale = 0.25f * static_cast<float>(1 + rng() % 6);
-        }
+        AttnCase c = dtype_case(dt, ct, d, 8, (i % 3 == 0) ? 8 : 2, i, rng);
         c.seqs = mixed(rng, 70, 300);
         cases.push_back(c);
         ++i;
@@ -93,20 +100,8 @@ TEST_F(Gpu, WideFloat32TilesEveryCacheDtype) {
   int i = 0;
   for (int d : {192, 256, 224})
     for (pagedattn_dtype ct : kCache) {
-      AttnCase c;
-      c.dtype = PAGEDATTN_DTYPE_FLOAT32;
-      c.cache_dtype = ct;
-      c.D = d;
-      c.H = 4;
-      c.Hkv = (i % 2) ? 4 : 1;
-      c.block_size = kGpuBlocks[i % 5];
-      c.layout = (i % 2) ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
-      c.lse = true;
+      AttnCase c = dtype_case(PAGEDATTN_DTYPE_FLOAT32, ct, d, 4, (i % 2) ? 4 : 1, i, rng);
       c.window = (i % 4 == 3) ? 1 + static_cast<int>(rng() % 60) : 0;
-      if (pat::is_fp8(ct)) {
-        c.k_scale = 0.5f + static_cast<float>(rng() % 3);
-        c.v_scale = 0.25f * static_cast<float>(1 + rng() % 6);
-      }
       c.seqs = mixed(rng, 80, 200);
       cases.push_back(c);
       ++i;
