@@ -706,15 +706,28 @@ void load_mixed_step(const StepWorld& w, pat::Tensor& q, pat::Tensor& k, pat::Te
 
 // Checks out and lse of every token against the float64 reference (K/V rounded through the
 // cache dtype as the cache holds them) and that rows past the step's tokens were not written.
-::testing::AssertionResult check_mixed(const StepWorld& w, pat::Tensor& out, pat::Tensor& lse,
-                                       int64_t cap) {
-  out.download();
-  lse.download();
+// The float64 reference of sequence s of a step over kc/vc, its K/V as the cache holds them:
+// o [qlen][H][D] and l [qlen][H].
+void ref_step_seq(const StepWorld& w, size_t s, const std::vector<float>& kc,
+                  const std::vector<float>& vc, std::vector<double>* o, std::vector<double>* l) {
   pat::RefParams rp;
   rp.H = w.H;
   rp.Hkv = w.Hkv;
   rp.D = w.D;
   rp.scale = 1.0 / std::sqrt(static_cast<double>(w.D));
+  const int nq = w.qlen[s];
+  std::vector<int64_t> qpos(nq);
+  std::iota(qpos.begin(), qpos.end(), static_cast<int64_t>(w.ctx[s]));
+  o->assign(static_cast<size_t>(nq) * w.H * w.D, 0.0);
+  l->assign(static_cast<size_t>(nq) * w.H, 0.0);
+  pat::ref_attend(rp, nq, w.q[s].data(), qpos.data(), w.ctx[s] + nq, kc.data(), vc.data(),
+                  o->data(), l->data());
+}
+
+::testing::AssertionResult check_mixed(const StepWorld& w, pat::Tensor& out, pat::Tensor& lse,
+                                       int64_t cap) {
+  out.download();
+  lse.download();
   std::vector<double> ref, ref_lse;
   std::vector<float> got, got_lse;
   int64_t row = 0;
@@ -726,11 +739,8 @@ void load_mixed_step(const StepWorld& w, pat::Tensor& q, pat::Tensor& k, pat::Te
       for (auto& x : kc) x = pat::round_to(w.cache_dt, x);
       for (auto& x : vc) x = pat::round_to(w.cache_dt, x);
     }
-    std::vector<int64_t> qpos(nq);
-    std::iota(qpos.begin(), qpos.end(), static_cast<int64_t>(w.ctx[s]));
-    std::vector<double> o(static_cast<size_t>(nq) * w.H * w.D), l(static_cast<size_t>(nq) * w.H);
-    pat::ref_attend(rp, nq, w.q[s].data(), qpos.data(), w.ctx[s] + nq, kc.data(), vc.data(),
-                    o.data(), l.data());
+    std::vector<double> o, l;
+    ref_step_seq(w, s, kc, vc, &o, &l);
     ref.insert(ref.end(), o.begin(), o.end());
     ref_lse.insert(ref_lse.end(), l.begin(), l.end());
     for (int j = 0; j < nq; ++j, ++row)
@@ -1142,11 +1152,6 @@ TEST_F(Gpu, BadDeviceHeadScalesGiveNaNForTheirHeadOnly) {
 
     // Attention: NaN rows for the bad heads; the good ones against the float64 reference over K/V
     // as the cache holds them (fp8 of x / scale, times the scale).
-    pat::RefParams rp;
-    rp.H = w.H;
-    rp.Hkv = w.Hkv;
-    rp.D = w.D;
-    rp.scale = 1.0 / std::sqrt(static_cast<double>(w.D));
     std::vector<double> ref, ref_lse;
     std::vector<float> got, got_lse;
     int not_nan = 0;
@@ -1159,11 +1164,8 @@ TEST_F(Gpu, BadDeviceHeadScalesGiveNaNForTheirHeadOnly) {
         kc[i] = good(ks[h]) ? pat::round_to(w.cache_dt, kc[i] / ks[h]) * ks[h] : 0.f;
         vc[i] = good(vs[h]) ? pat::round_to(w.cache_dt, vc[i] / vs[h]) * vs[h] : 0.f;
       }
-      std::vector<int64_t> qpos(nq);
-      std::iota(qpos.begin(), qpos.end(), static_cast<int64_t>(w.ctx[s]));
-      std::vector<double> o(static_cast<size_t>(nq) * w.H * w.D), l(static_cast<size_t>(nq) * w.H);
-      pat::ref_attend(rp, nq, w.q[s].data(), qpos.data(), w.ctx[s] + nq, kc.data(), vc.data(),
-                      o.data(), l.data());
+      std::vector<double> o, l;
+      ref_step_seq(w, s, kc, vc, &o, &l);
       for (int j = 0; j < nq; ++j, ++row)
         for (int h = 0; h < w.H; ++h) {
           const int kvh = h / group;
