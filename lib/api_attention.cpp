@@ -206,6 +206,9 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
         pa::fail(PAGEDATTN_ERROR_WRONG_DEVICE,
                  "cache is a host cache (%s); attention needs it on %s",
                  pa::device_str(c->pc.device).c_str(), pa::device_str(b->caps.device).c_str());
+      if (c->pc.latent)
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                 "cache is a latent (MLA) cache: attend over it with pagedattn_forward_mla");
       if (cross) {
         if (!pb.encoder_lens)
           pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
@@ -350,6 +353,178 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     std::lock_guard<std::mutex> lock(h->in_use);
     char msg[PA_MSG_LEN] = {0};
     pa::check_op(b->ops->forward(b->state, &a, msg), pa::backend_name(b), "forward", msg);
+  });
+}
+
+PAGEDATTN_API pagedattn_status pagedattn_forward_mla(pagedattn_backend* backend,
+                                                    const pagedattn_batch* batch,
+                                                    pagedattn_kv_cache* cache, int32_t layer,
+                                                    const pagedattn_attention_options* opts,
+                                                    const pagedattn_tensor* q_nope,
+                                                    const pagedattn_tensor* q_pe,
+                                                    pagedattn_tensor* out, pagedattn_tensor* lse,
+                                                    void* stream) {
+  return pa::guard([&] {
+    pagedattn_backend* b = pa::check_backend(backend, "backend");
+    const pagedattn_batch* h = pa::check_batch(batch, "batch");
+    if (h->backend != b)
+      pa::fail(PAGEDATTN_ERROR_INVALID_HANDLE, "batch belongs to another backend (%s)",
+               pa::backend_name(h->backend));
+    const pagedattn_attention_options o = pa::read_struct(opts, "opts");
+    if (pa::raw_enum(o.attention_type) != PAGEDATTN_ATTENTION_DECODER)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "opts->attention_type = %d: MLA attention is decoder attention (type 0) only",
+               pa::raw_enum(o.attention_type));
+    if (o.flags != 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->flags = 0x%x, must be 0", o.flags);
+    if (o.num_heads <= 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_heads = %d <= 0", o.num_heads);
+    if (o.num_kv_heads != 1)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "opts->num_kv_heads = %d: MLA reads one latent row per token, num_kv_heads 1",
+               o.num_kv_heads);
+    if (o.head_size <= 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->head_size = %d <= 0", o.head_size);
+    if (!std::isfinite(o.scale) || o.scale < 0.0f)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->scale = %g must be finite and >= 0",
+               static_cast<double>(o.scale));
+    if (!std::isfinite(o.soft_cap) || o.soft_cap < 0.0f)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->soft_cap = %g must be finite and >= 0",
+               static_cast<double>(o.soft_cap));
+    if (o.sliding_window < 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->sliding_window = %d < 0",
+               o.sliding_window);
+    if (o.attention_chunk < 0)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->attention_chunk = %d < 0",
+               o.attention_chunk);
+    pa::check_finite_positive(o.k_scale, "k_scale");
+    if (o.k_head_scales || o.v_head_scales)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "opts->%s_head_scales is set: a latent cache has one head; use opts->k_scale",
+               o.k_head_scales ? "k" : "v");
+    const bool tree = h->plan.any_tree || h->caps.tree_mask_bytes > 0;
+    if (tree) {
+      const char* what = o.alibi_slopes           ? "ALiBi"
+                         : o.sliding_window > 0   ? "a sliding window"
+                         : o.attention_chunk > 0  ? "an attention chunk"
+                                                  : nullptr;
+      if (what)
+        pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+                 "the batch is planned with tree masks (speculative decoding), which take plain "
+                 "decoder attention: %s is not supported with them",
+                 what);
+    }
+
+    /* The cache. */
+    pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+    if (c->backend != b)
+      pa::fail(PAGEDATTN_ERROR_INVALID_HANDLE, "cache belongs to another backend (%s)",
+               pa::backend_name(c->backend));
+    if (layer < 0 || layer >= c->desc.num_layers)
+      pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "layer = %d is not in [0, %d)", layer,
+               c->desc.num_layers);
+    if (c->pc.host)
+      pa::fail(PAGEDATTN_ERROR_WRONG_DEVICE, "cache is a host cache (%s); attention needs it on %s",
+               pa::device_str(c->pc.device).c_str(), pa::device_str(b->caps.device).c_str());
+    if (!c->pc.latent)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "cache is not a latent (MLA) cache (PAGEDATTN_KV_CACHE_LATENT): attend over it "
+               "with pagedattn_forward");
+    pa::check_planned_geometry(c, h->self, "cache");
+    if (o.head_size != c->desc.head_size)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->head_size %d != cache head_size %d",
+               o.head_size, c->desc.head_size);
+
+    /* Tensors: out's last extent is the value size R; q_nope is [T, H, R] beside q_pe, or whole
+     * rows. */
+    const pa_batch& pb = h->pb;
+    const int64_t T = pb.num_tokens;
+    const int32_t H = o.num_heads, D = o.head_size;
+    const pagedattn_device& dev = b->caps.device;
+    const pagedattn_dtype dt = pa::tensor_float_dtype(q_nope, "q_nope");
+    if (!out) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "out is NULL");
+    const pagedattn_dtype odt = pa::tensor_float_dtype(out, "out");
+    if (odt != dt)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "q_nope: dtype %s != out dtype %s",
+               pa::dtype_name(dt), pa::dtype_name(odt));
+    if (out->ndim != 3 || !out->shape)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "out: ndim %d != 3 (expected [T, H, R])", out->ndim);
+    const int64_t R = out->shape[2];
+    if (R < 1 || R >= D)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+               "out: value size (last extent) %lld is not in [1, head_size %d)",
+               static_cast<long long>(R), D);
+    pa_forward_args a;
+    std::memset(&a, 0, sizeof a);
+    a.out = pa::resolve3(out, "out", T, H, static_cast<int32_t>(R), dt, dev, true);
+    a.q = pa::resolve3(q_nope, "q_nope", T, H, q_pe ? static_cast<int32_t>(R) : D, dt, dev,
+                       true);
+    if (q_pe) {
+      const pagedattn_dtype pdt = pa::tensor_float_dtype(q_pe, "q_pe");
+      if (pdt != dt)
+        pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "q_pe: dtype %s != q_nope dtype %s",
+                 pa::dtype_name(pdt), pa::dtype_name(dt));
+      a.q_pe = pa::resolve3(q_pe, "q_pe", T, H, D - static_cast<int32_t>(R), dt, dev, true);
+    } else {
+      a.q_pe.dtype = dt;
+      a.q_pe.heads = H;
+      a.q_pe.dim = D - static_cast<int32_t>(R);
+    }
+    a.k.dtype = a.v.dtype = dt;
+    a.k.heads = a.v.heads = 1;
+    a.k.dim = a.v.dim = D;
+    if (lse) a.lse = pa::resolve_lse(lse, "lse", T, H, dev, true);
+    const pagedattn_dtype cdt = c->desc.dtype;
+    const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
+    if (!fp8 && cdt != dt)
+      pa::fail(PAGEDATTN_ERROR_UNSUPPORTED,
+               "q dtype %s with a %s cache is not supported (the cache must be %s or fp8)",
+               pa::dtype_name(dt), pa::dtype_name(cdt), pa::dtype_name(dt));
+    if (o.alibi_slopes)
+      a.alibi_slopes =
+          pa::resolve_vec_f32(o.alibi_slopes, "opts->alibi_slopes", H, "num_heads", dev);
+    if (o.sinks) a.sinks = pa::resolve_vec_f32(o.sinks, "opts->sinks", H, "num_heads", dev);
+
+    /* What the backend can do. */
+    pa::need_feature(b, PAGEDATTN_FEATURE_MLA, "multi-head latent attention");
+    pa::check_dtype_supported(b, dt, "q_nope");
+    if (o.soft_cap > 0.0f) pa::need_feature(b, PAGEDATTN_FEATURE_SOFT_CAP, "soft cap");
+    if (o.alibi_slopes) pa::need_feature(b, PAGEDATTN_FEATURE_ALIBI, "ALiBi");
+    if (o.sliding_window > 0)
+      pa::need_feature(b, PAGEDATTN_FEATURE_SLIDING_WINDOW, "sliding window");
+    if (o.sinks) pa::need_feature(b, PAGEDATTN_FEATURE_SINKS, "attention sinks");
+    if (tree) pa::need_feature(b, PAGEDATTN_FEATURE_TREE_MASK, "tree masks");
+    if (o.attention_chunk > 0)
+      pa::need_feature(b, PAGEDATTN_FEATURE_CHUNKED_LOCAL, "chunked local attention");
+    if (lse) pa::need_feature(b, PAGEDATTN_FEATURE_LSE, "log-sum-exp output");
+    if (h->plan.has_chunked_prefill)
+      pa::need_feature(b, PAGEDATTN_FEATURE_CHUNKED_PREFILL,
+                       "chunked prefill (query_len > 1 with context_len > 0)");
+    pa::check_cache_caps(c->desc, b->caps);
+    if (!b->ops->forward_mla)
+      pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: multi-head latent attention is not supported",
+               pa::backend_name(b));
+
+    a.batch = &pb;
+    a.cache = &c->pc;
+    a.layer = layer;
+    a.num_heads = H;
+    a.num_kv_heads = 1;
+    a.head_size = D;
+    a.value_size = static_cast<int32_t>(R);
+    a.scale = o.scale > 0.0f ? o.scale : 1.0f / std::sqrt(static_cast<float>(D));
+    a.soft_cap = o.soft_cap;
+    a.sliding_window = o.sliding_window;
+    a.attention_chunk = o.attention_chunk;
+    a.attention_type = PAGEDATTN_ATTENTION_DECODER;
+    a.write_kv = 0;
+    a.k_scale = fp8 ? o.k_scale : 1.0f;
+    a.v_scale = a.k_scale;
+    a.stream = stream;
+    if (T == 0) return; /* no rows: no work for the backend */
+    std::lock_guard<std::mutex> lock(h->in_use);
+    char msg[PA_MSG_LEN] = {0};
+    pa::check_op(b->ops->forward_mla(b->state, &a, msg), pa::backend_name(b), "forward_mla", msg);
   });
 }
 

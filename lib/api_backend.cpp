@@ -55,6 +55,11 @@ pagedattn_backend* create_one(int32_t index, const pagedattn_backend_options& op
   std::memset(&b->caps, 0, sizeof b->caps);
   ops->get_capabilities(state, &b->caps);
   b->caps.struct_size = sizeof(pagedattn_capabilities);
+  /* MLA needs the op: a backend without it claims no latent caches. */
+  if (!ops->forward_mla) {
+    b->caps.features &= ~static_cast<uint32_t>(PAGEDATTN_FEATURE_MLA);
+    b->caps.latent_sizes = 0;
+  }
   if (!b->caps.name) b->caps.name = name;
   if (!b->caps.target) b->caps.target = "";
   if (!b->caps.settings) b->caps.settings = "";

@@ -69,8 +69,10 @@ std::unique_ptr<pagedattn_kv_cache> new_cache(pagedattn_backend* b,
   c->strides[0] = pc.block_stride;
   c->strides[1] = pc.slot_stride;
   c->strides[2] = pc.head_stride;
+  pc.latent = (d.flags & PAGEDATTN_KV_CACHE_LATENT) ? 1 : 0;
   pc.k_layers = c->k_layers.data();
-  pc.v_layers = c->v_layers.data();
+  /* A latent cache's values lead its rows: V reads the rows themselves. */
+  pc.v_layers = pc.latent ? c->k_layers.data() : c->v_layers.data();
   pc.device = b->caps.device;
   return c;
 }
@@ -205,14 +207,18 @@ void check_buffer(const pagedattn_kv_cache* c, const int32_t* ids, size_t n, con
 namespace pa {
 namespace {
 
-/* pagedattn_kv_cache_write and _write_scaled: scalar scales, and per-head ones when given. */
-void cache_write(pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tensor* key,
-               const pagedattn_tensor* value, const pagedattn_tensor* slot_mapping,
-               float k_scale, float v_scale, const pagedattn_tensor* k_head_scales,
-               const pagedattn_tensor* v_head_scales, void* stream) {
-  pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
-  pagedattn_backend* b = c->backend;
-  pa::check_layer(c, layer);
+/* A write's slot mapping, checked: a 1-D int32/int64 tensor on the cache's device or in host
+ * memory; host slots are range-checked and must be distinct (GPU-resident ones are checked by
+ * the kernel). */
+struct Slots {
+  const void* data;
+  int64_t n;
+  bool i64;
+  bool on_device;
+};
+
+Slots check_slots(const pagedattn_kv_cache* c, const pagedattn_tensor* slot_mapping) {
+  const pagedattn_backend* b = c->backend;
   if (!slot_mapping) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping is NULL");
   const pagedattn_tensor& sm = *slot_mapping;
   if (sm.ndim != 1 || !sm.shape)
@@ -234,29 +240,6 @@ void cache_write(pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tenso
              static_cast<long long>(sm.strides[0]));
   const int64_t unit = 1;
   pa::check_extent(&sm, "slot_mapping", 1, &unit, i64 ? 8 : 4);
-  const pagedattn_dtype dt = pa::tensor_float_dtype(key, "key");
-  const pagedattn_dtype cdt = c->desc.dtype;
-  const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
-  if (!fp8 && dt != cdt)
-    pa::fail(PAGEDATTN_ERROR_UNSUPPORTED,
-             "key dtype %s with a %s cache is not supported (the cache must be %s or fp8)",
-             pa::dtype_name(dt), pa::dtype_name(cdt), pa::dtype_name(dt));
-  if (!(b->caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)))
-    pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: key dtype %s is not supported (supported: %s)",
-             pa::backend_name(b), pa::dtype_name(dt), pa::dtype_mask_names(b->caps.dtypes).c_str());
-  const int32_t H = c->desc.num_kv_heads, D = c->desc.head_size;
-  pa_write_args a;
-  std::memset(&a, 0, sizeof a);
-  /* A GPU backend's host cache takes any host memory (pinned or not). */
-  const pagedattn_device want = c->pc.host ? pa::host_device_of(b) : c->pc.device;
-  /* One key/value row per slot: say so when only the row counts disagree. */
-  for (const pagedattn_tensor* t : {key, value})
-    if (t && t->ndim == 3 && t->shape && t->shape[0] != n)
-      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape[0] = %lld rows != slot_mapping length %lld",
-               t == key ? "key" : "value", static_cast<long long>(t->shape[0]),
-               static_cast<long long>(n));
-  a.k = pa::resolve3(key, "key", n, H, D, dt, want);
-  a.v = pa::resolve3(value, "value", n, H, D, dt, want);
   /* Slots in host memory are read here; slots on the GPU are checked by the kernel. */
   bool on_device = false;
   if (pa::is_host_device_type(sm.device.device_type)) {
@@ -271,6 +254,81 @@ void cache_write(pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tenso
   if (n > 0 && !sm.data) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "slot_mapping->data is NULL");
   const void* slots =
       sm.data ? static_cast<const char*>(sm.data) + sm.byte_offset : nullptr;
+  return {slots, n, i64, on_device};
+}
+
+void check_host_slots(const pagedattn_kv_cache* c, const Slots& sl) {
+  if (sl.on_device) return;
+  const int64_t limit = static_cast<int64_t>(c->desc.num_blocks) * c->desc.block_size;
+  for (int64_t t = 0; t < sl.n; ++t) {
+    const int64_t s = sl.i64 ? static_cast<const int64_t*>(sl.data)[t]
+                             : static_cast<const int32_t*>(sl.data)[t];
+    if (s < -1)
+      pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "slot_mapping[%lld] = %lld < -1",
+               static_cast<long long>(t), static_cast<long long>(s));
+    if (s >= limit)
+      pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE,
+               "slot_mapping[%lld] = %lld >= num_blocks*block_size %lld",
+               static_cast<long long>(t), static_cast<long long>(s),
+               static_cast<long long>(limit));
+  }
+  pa::check_distinct_slots(sl.data, sl.i64, sl.n, "slot_mapping");
+}
+
+/* The rows' dtype dt against the cache's (equal, or an fp8 cache) and the backend's list. */
+void check_write_dtype(const pagedattn_kv_cache* c, pagedattn_dtype dt, const char* name) {
+  const pagedattn_backend* b = c->backend;
+  const pagedattn_dtype cdt = c->desc.dtype;
+  const bool fp8 = cdt == PAGEDATTN_DTYPE_FP8_E4M3 || cdt == PAGEDATTN_DTYPE_FP8_E5M2;
+  if (!fp8 && dt != cdt)
+    pa::fail(PAGEDATTN_ERROR_UNSUPPORTED,
+             "%s dtype %s with a %s cache is not supported (the cache must be %s or fp8)", name,
+             pa::dtype_name(dt), pa::dtype_name(cdt), pa::dtype_name(dt));
+  if (!(b->caps.dtypes & PAGEDATTN_DTYPE_BIT(dt)))
+    pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: %s dtype %s is not supported (supported: %s)",
+             pa::backend_name(b), name, pa::dtype_name(dt),
+             pa::dtype_mask_names(b->caps.dtypes).c_str());
+}
+
+bool is_fp8_cache(const pagedattn_kv_cache* c) {
+  return c->desc.dtype == PAGEDATTN_DTYPE_FP8_E4M3 || c->desc.dtype == PAGEDATTN_DTYPE_FP8_E5M2;
+}
+
+void run_write(pagedattn_kv_cache* c, pa_write_args& a) {
+  pagedattn_backend* b = c->backend;
+  char msg[PA_MSG_LEN] = {0};
+  pa::check_op(b->ops->cache_write(b->state, &a, msg), pa::backend_name(b), "cache_write", msg);
+}
+
+/* pagedattn_kv_cache_write and _write_scaled: scalar scales, and per-head ones when given. */
+void cache_write(pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tensor* key,
+                 const pagedattn_tensor* value, const pagedattn_tensor* slot_mapping,
+                 float k_scale, float v_scale, const pagedattn_tensor* k_head_scales,
+                 const pagedattn_tensor* v_head_scales, void* stream) {
+  pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+  pagedattn_backend* b = c->backend;
+  pa::check_layer(c, layer);
+  if (c->pc.latent)
+    pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+             "cache is a latent (MLA) cache: write its rows with pagedattn_kv_cache_write_latent");
+  const Slots sl = check_slots(c, slot_mapping);
+  const int64_t n = sl.n;
+  const pagedattn_dtype dt = pa::tensor_float_dtype(key, "key");
+  check_write_dtype(c, dt, "key");
+  const bool fp8 = is_fp8_cache(c);
+  const int32_t H = c->desc.num_kv_heads, D = c->desc.head_size;
+  pa_write_args a;
+  std::memset(&a, 0, sizeof a);
+  /* A GPU backend's host cache takes any host memory (pinned or not). */
+  const pagedattn_device want = c->pc.host ? pa::host_device_of(b) : c->pc.device;
+  /* One key/value row per slot: say so when only the row counts disagree. */
+  for (const pagedattn_tensor* t : {key, value})
+    if (t && t->ndim == 3 && t->shape && t->shape[0] != n)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape[0] = %lld rows != slot_mapping length %lld",
+               t == key ? "key" : "value", static_cast<long long>(t->shape[0]),
+               static_cast<long long>(n));
+  a.k = pa::resolve3(key, "key", n, H, D, dt, want);
+  a.v = pa::resolve3(value, "value", n, H, D, dt, want);
   if (fp8) {
     if (!std::isfinite(k_scale) || !(k_scale > 0.0f))
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "k_scale = %g must be finite and > 0",
@@ -279,22 +337,7 @@ void cache_write(pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tenso
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "v_scale = %g must be finite and > 0",
                static_cast<double>(v_scale));
   }
-  if (!on_device) {
-    const int64_t limit = static_cast<int64_t>(c->desc.num_blocks) * c->desc.block_size;
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t s = i64 ? static_cast<const int64_t*>(slots)[t]
-                            : static_cast<const int32_t*>(slots)[t];
-      if (s < -1)
-        pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE, "slot_mapping[%lld] = %lld < -1",
-                 static_cast<long long>(t), static_cast<long long>(s));
-      if (s >= limit)
-        pa::fail(PAGEDATTN_ERROR_OUT_OF_RANGE,
-                 "slot_mapping[%lld] = %lld >= num_blocks*block_size %lld",
-                 static_cast<long long>(t), static_cast<long long>(s),
-                 static_cast<long long>(limit));
-    }
-    pa::check_distinct_slots(slots, i64, n, "slot_mapping");
-  }
+  check_host_slots(c, sl);
   /* Per-head scales are checked whatever the cache, but only an fp8 cache uses them. */
   const float* khs = k_head_scales ? pa::resolve_vec_f32(k_head_scales, "k_head_scales", H,
                                                          "num_kv_heads", want, true)
@@ -307,17 +350,103 @@ void cache_write(pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tenso
   if (n == 0) return;
   a.cache = &c->pc;
   a.layer = layer;
-  a.slots = slots;
-  a.slots_int64 = i64 ? 1 : 0;
-  a.slots_on_device = on_device ? 1 : 0;
+  a.slots = sl.data;
+  a.slots_int64 = sl.i64 ? 1 : 0;
+  a.slots_on_device = sl.on_device ? 1 : 0;
   a.n = n;
   a.k_scale = fp8 ? k_scale : 1.0f;
   a.v_scale = fp8 ? v_scale : 1.0f;
   a.k_head_scales = fp8 ? khs : nullptr;
   a.v_head_scales = fp8 ? vhs : nullptr;
   a.stream = stream;
-  char msg[PA_MSG_LEN] = {0};
-  pa::check_op(b->ops->cache_write(b->state, &a, msg), pa::backend_name(b), "cache_write", msg);
+  run_write(c, a);
+}
+
+/* A latent write's [T, W] or [T, 1, W] tensor, resolved as [T, 1, W]: its width W from the
+ * tensor itself (want_dim < 0) or checked against want_dim. */
+pa_tensor3 resolve_rows(const pagedattn_tensor* t, const char* name, int64_t n, int32_t want_dim,
+                        pagedattn_dtype dt, const pagedattn_device& dev) {
+  if (!t) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "%s is NULL", name);
+  if ((t->ndim != 2 && t->ndim != 3) || !t->shape)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: ndim %d is not 2 ([T, W]) or 3 ([T, 1, W])", name,
+             t->ndim);
+  if (t->ndim == 3 && t->shape[1] != 1)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape %s: a 3-D row tensor is [T, 1, W]", name,
+             pa::shape_str(t->shape, 3).c_str());
+  if (t->shape[0] != n)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: shape[0] = %lld rows != slot_mapping length %lld",
+             name, static_cast<long long>(t->shape[0]), static_cast<long long>(n));
+  const int64_t w = t->shape[t->ndim - 1];
+  if (w < 1 || w > INT32_MAX)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: width %lld is not valid", name,
+             static_cast<long long>(w));
+  if (want_dim >= 0 && w != want_dim)
+    pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "%s: width %lld != %d", name, static_cast<long long>(w),
+             want_dim);
+  /* resolve3 checks a 3-D view: present a 2-D tensor as [T, 1, W]. */
+  pagedattn_tensor v = *t;
+  int64_t shape[3] = {t->shape[0], 1, w};
+  int64_t strides[3];
+  if (t->ndim == 2) {
+    v.ndim = 3;
+    v.shape = shape;
+    if (t->strides) {
+      strides[0] = t->strides[0];
+      strides[1] = w;
+      strides[2] = t->strides[1];
+      v.strides = strides;
+    }
+  }
+  return pa::resolve3(&v, name, n, 1, static_cast<int32_t>(w), dt, dev);
+}
+
+void cache_write_latent(pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tensor* kv_c,
+                        const pagedattn_tensor* k_pe, const pagedattn_tensor* slot_mapping,
+                        float scale, void* stream) {
+  pagedattn_kv_cache* c = pa::check_cache(cache, "cache");
+  pagedattn_backend* b = c->backend;
+  pa::check_layer(c, layer);
+  if (!c->pc.latent)
+    pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+             "cache is not a latent (MLA) cache (PAGEDATTN_KV_CACHE_LATENT): write it with "
+             "pagedattn_kv_cache_write");
+  const Slots sl = check_slots(c, slot_mapping);
+  const int64_t n = sl.n;
+  const pagedattn_dtype dt = pa::tensor_float_dtype(kv_c, "kv_c");
+  check_write_dtype(c, dt, "kv_c");
+  const int32_t D = c->desc.head_size;
+  const pagedattn_device want = c->pc.host ? pa::host_device_of(b) : c->pc.device;
+  pa_write_args a;
+  std::memset(&a, 0, sizeof a);
+  a.k = resolve_rows(kv_c, "kv_c", n, k_pe ? -1 : D, dt, want);
+  if (k_pe) {
+    if (a.k.dim >= D)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR,
+               "kv_c: width %d leaves no room for k_pe in rows of head_size %d", a.k.dim, D);
+    const pagedattn_dtype pdt = pa::tensor_float_dtype(k_pe, "k_pe");
+    if (pdt != dt)
+      pa::fail(PAGEDATTN_ERROR_BAD_TENSOR, "k_pe: dtype %s != kv_c dtype %s",
+               pa::dtype_name(pdt), pa::dtype_name(dt));
+    a.v = resolve_rows(k_pe, "k_pe", n, D - a.k.dim, dt, want);
+  } else {
+    a.v.dtype = dt;
+    a.v.heads = 1;
+  }
+  const bool fp8 = is_fp8_cache(c);
+  if (fp8 && (!std::isfinite(scale) || !(scale > 0.0f)))
+    pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "scale = %g must be finite and > 0",
+             static_cast<double>(scale));
+  check_host_slots(c, sl);
+  if (n == 0) return;
+  a.cache = &c->pc;
+  a.layer = layer;
+  a.slots = sl.data;
+  a.slots_int64 = sl.i64 ? 1 : 0;
+  a.slots_on_device = sl.on_device ? 1 : 0;
+  a.n = n;
+  a.k_scale = a.v_scale = fp8 ? scale : 1.0f;
+  a.stream = stream;
+  run_write(c, a);
 }
 
 }  // namespace
@@ -355,7 +484,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_create(pagedattn_kv_cache** ou
     const uint64_t bpb = pa::check_cache_desc(d, true);
     pa::check_cache_caps(d, b->caps);
     const uint64_t total = bpb * static_cast<uint64_t>(d.num_blocks);
-    const uint64_t layer_bytes = total / (2u * static_cast<uint64_t>(d.num_layers));
+    const bool latent = (d.flags & PAGEDATTN_KV_CACHE_LATENT) != 0;
+    const uint64_t halves = latent ? 1u : 2u; /* K and V blocks of a layer, or its rows */
+    const uint64_t layer_bytes = total / (halves * static_cast<uint64_t>(d.num_layers));
     const bool host = (d.flags & PAGEDATTN_KV_CACHE_HOST) && pa::is_gpu_backend(b);
 
     std::unique_ptr<pagedattn_kv_cache> c = pa::new_cache(b, d, bpb);
@@ -372,9 +503,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_create(pagedattn_kv_cache** ou
     c->slab = slab;
     c->bytes = total;
     for (int32_t l = 0; l < d.num_layers; ++l) {
-      char* base = static_cast<char*>(slab) + 2u * layer_bytes * static_cast<uint64_t>(l);
+      char* base = static_cast<char*>(slab) + halves * layer_bytes * static_cast<uint64_t>(l);
       c->k_layers[l] = base;
-      c->v_layers[l] = base + layer_bytes;
+      c->v_layers[l] = latent ? base : base + layer_bytes;
     }
     c->pc.device = host ? pa::host_device_of(b) : b->caps.device;
     c->pc.host = host ? 1 : 0;
@@ -403,12 +534,15 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
     if (!(b->caps.features & PAGEDATTN_FEATURE_WRAP_CACHE))
       pa::fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: caches over caller memory are not supported",
                pa::backend_name(b));
+    /* A latent cache has rows only: v_layers is not read. */
+    const bool latent = (d.flags & PAGEDATTN_KV_CACHE_LATENT) != 0;
     if (!m.k_layers) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "memory->k_layers is NULL");
-    if (!m.v_layers) pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "memory->v_layers is NULL");
+    if (!latent && !m.v_layers)
+      pa::fail(PAGEDATTN_ERROR_NULL_POINTER, "memory->v_layers is NULL");
     for (int32_t l = 0; l < d.num_layers; ++l) {
       if (!m.k_layers[l])
         pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "memory->k_layers[%d] is NULL", l);
-      if (!m.v_layers[l])
+      if (!latent && !m.v_layers[l])
         pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "memory->v_layers[%d] is NULL", l);
     }
     bool host = false;
@@ -434,7 +568,7 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_wrap(pagedattn_kv_cache** out,
     }
     for (int32_t l = 0; l < d.num_layers; ++l) {
       c->k_layers[l] = m.k_layers[l];
-      c->v_layers[l] = m.v_layers[l];
+      c->v_layers[l] = latent ? m.k_layers[l] : m.v_layers[l];
     }
     c->pc.device = host ? m.device : b->caps.device;
     c->pc.host = host ? 1 : 0;
@@ -509,6 +643,14 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write_scaled(
   });
 }
 
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write_latent(
+    pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tensor* kv_c,
+    const pagedattn_tensor* k_pe, const pagedattn_tensor* slot_mapping, float scale,
+    void* stream) {
+  return pa::guard(
+      [&] { pa::cache_write_latent(cache, layer, kv_c, k_pe, slot_mapping, scale, stream); });
+}
+
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_copy_blocks(pagedattn_kv_cache* cache,
                                                              const int32_t* pairs,
                                                              size_t num_pairs, void* stream) {
@@ -553,6 +695,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_swap_blocks(pagedattn_kv_cache
     if (sd.dtype != dd.dtype)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "src dtype %s != dst dtype %s",
                pa::dtype_name(sd.dtype), pa::dtype_name(dd.dtype));
+    if (s->pc.latent != d->pc.latent)
+      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "%s is a latent (MLA) cache and %s is not",
+               s->pc.latent ? "src" : "dst", s->pc.latent ? "dst" : "src");
     pa::check_ids(pairs, num_pairs, 2, 0, sd.num_blocks, "pairs", "src num_blocks");
     pa::check_ids(pairs, num_pairs, 2, 1, dd.num_blocks, "pairs", "dst num_blocks");
     pa::check_unique(pairs, num_pairs, 2, 1, "pairs", "destination block");

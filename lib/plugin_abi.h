@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 /* Bump on any change to the structs or ops below. */
-#define PA_PLUGIN_ABI_VERSION 4u
+#define PA_PLUGIN_ABI_VERSION 5u
 #define PA_MSG_LEN 512
 
 /* A resolved [rows, heads, dim] tensor (dim stride 1). data already includes byte_offset. */
@@ -68,6 +68,9 @@ typedef struct pa_cache {
   int32_t host;            /* 1 if the blocks are in host memory (a GPU backend's host cache) */
   int32_t owned;           /* 1 if allocated through the backend's alloc op */
   void* backend_data;      /* the backend's own per-cache state (cache_attach), or NULL */
+  /* 1 for a latent (MLA) cache: num_kv_heads 1, one row of head_size values per slot and no V
+   * (v_layers aliases k_layers); copies, swaps, reads and loads move the rows once. */
+  int32_t latent;
 } pa_cache;
 
 /* A planned batch: host arrays computed and validated by the core. A GPU backend's plan_batch
@@ -142,6 +145,12 @@ typedef struct pa_forward_args {
   pa_tensor3 out;                 /* [num_tokens, H, D] */
   pa_lse lse;                     /* data NULL when not requested */
   void* stream;
+  /* forward_mla only (latent cache, num_kv_heads 1, decoder): q holds the query's leading
+   * q.dim values of the row (value_size with q_pe, else head_size), q_pe the rest
+   * ([num_tokens, H, head_size - value_size], data NULL when q holds whole rows); out is
+   * [num_tokens, H, value_size]. k and v are absent. */
+  pa_tensor3 q_pe;
+  int32_t value_size;
 } pa_forward_args;
 
 /* One merge call, resolved: out = merge((o1, lse1), (o2, lse2)). */
@@ -159,7 +168,10 @@ typedef struct pa_merge_args {
 typedef struct pa_write_args {
   const pa_cache* cache;
   int32_t layer;
-  pa_tensor3 k;                   /* [n, Hkv, D] */
+  /* [n, Hkv, D] each; for a latent cache, k holds each row's leading k.dim values ([n, 1, R])
+   * and v the remaining head_size - k.dim ([n, 1, D - R]), or v.data is NULL and k holds whole
+   * rows; both use k_scale (and no per-head scales). */
+  pa_tensor3 k;
   pa_tensor3 v;
   const void* slots;              /* n slots, int32 or int64 */
   int32_t slots_int64;
@@ -213,6 +225,9 @@ typedef struct pa_backend_ops {
   pagedattn_status (*forward)(void* state, const pa_forward_args* args, char* msg);
   pagedattn_status (*merge_states)(void* state, const pa_merge_args* args, char* msg);
   pagedattn_status (*synchronize)(void* state, void* stream, char* msg);
+  /* MLA over a latent cache (see pa_forward_args), or NULL without PAGEDATTN_FEATURE_MLA. May
+   * refuse a value size it lacks (UNSUPPORTED) before it writes anything. */
+  pagedattn_status (*forward_mla)(void* state, const pa_forward_args* args, char* msg);
 } pa_backend_ops;
 
 /* Exported by each plugin (see the file comment). */

@@ -262,14 +262,21 @@ uint64_t check_cache_desc(const pagedattn_kv_cache_desc& d, bool need_blocks) {
     fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->dtype = %d is not a valid pagedattn_dtype", dt);
   if (layout != PAGEDATTN_LAYOUT_NHD && layout != PAGEDATTN_LAYOUT_HND)
     fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->layout = %d is not NHD (0) or HND (1)", layout);
-  const uint32_t unknown = d.flags & ~static_cast<uint32_t>(PAGEDATTN_KV_CACHE_HOST);
+  const uint32_t unknown =
+      d.flags & ~static_cast<uint32_t>(PAGEDATTN_KV_CACHE_HOST | PAGEDATTN_KV_CACHE_LATENT);
   if (unknown)
     fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "desc->flags = 0x%x has unknown bits 0x%x", d.flags,
          unknown);
-  /* bytes per block = layers * 2 * bs * Hkv * D * esize; the whole cache must also be
-   * addressable with int64 element offsets. */
+  const bool latent = (d.flags & PAGEDATTN_KV_CACHE_LATENT) != 0;
+  if (latent && d.num_kv_heads != 1)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
+         "desc->num_kv_heads = %d: a latent (MLA) cache has one row per token, num_kv_heads 1",
+         d.num_kv_heads);
+  /* bytes per block = layers * (2, or 1 latent) * bs * Hkv * D * esize; the whole cache must
+   * also be addressable with int64 element offsets. */
   uint64_t bpb = 0, total = 0;
-  bool ovf = __builtin_mul_overflow(static_cast<uint64_t>(d.num_layers), 2ull, &bpb);
+  bool ovf = __builtin_mul_overflow(static_cast<uint64_t>(d.num_layers), latent ? 1ull : 2ull,
+                                    &bpb);
   ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(d.block_size), &bpb);
   ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(d.num_kv_heads), &bpb);
   ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(d.head_size), &bpb);
@@ -277,8 +284,8 @@ uint64_t check_cache_desc(const pagedattn_kv_cache_desc& d, bool need_blocks) {
   ovf = ovf || __builtin_mul_overflow(bpb, static_cast<uint64_t>(d.num_blocks), &total);
   if (ovf || total > static_cast<uint64_t>(INT64_MAX) || bpb > static_cast<uint64_t>(INT64_MAX))
     fail(PAGEDATTN_ERROR_OVERFLOW,
-         "cache size overflows: %d layers x 2 x %d blocks x %d slots x %d heads x %d x %zu bytes",
-         d.num_layers, d.num_blocks, d.block_size, d.num_kv_heads, d.head_size,
+         "cache size overflows: %d layers x %d x %d blocks x %d slots x %d heads x %d x %zu bytes",
+         d.num_layers, latent ? 1 : 2, d.num_blocks, d.block_size, d.num_kv_heads, d.head_size,
          dtype_size(d.dtype));
   return bpb;
 }
@@ -297,6 +304,13 @@ std::string head_size_list(uint32_t mask) {
   return s.empty() ? std::string("none") : s;
 }
 
+std::string latent_size_list(uint32_t mask) {
+  std::string s;
+  for (int i = 0; i < 32; ++i)
+    if (mask & (1u << i)) s += format("%s%d", s.empty() ? "" : ", ", 32 * (i + 1));
+  return s.empty() ? std::string("none") : s;
+}
+
 void check_cache_caps(const pagedattn_kv_cache_desc& d, const pagedattn_capabilities& caps) {
   const char* be = caps.name ? caps.name : "backend";
   if (!(caps.cache_dtypes & PAGEDATTN_DTYPE_BIT(d.dtype)))
@@ -309,9 +323,17 @@ void check_cache_caps(const pagedattn_kv_cache_desc& d, const pagedattn_capabili
   if (!(caps.block_sizes & (1u << log2bs)))
     fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: block_size %d is not supported (supported: %s)", be,
          d.block_size, block_size_list(caps.block_sizes).c_str());
-  const bool head_ok = d.head_size % 8 == 0 && d.head_size <= 256 &&
-                       (caps.head_sizes & (1u << (d.head_size / 8 - 1)));
-  if (!head_ok)
+  if (d.flags & PAGEDATTN_KV_CACHE_LATENT) {
+    if (!(caps.features & PAGEDATTN_FEATURE_MLA))
+      fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: latent (MLA) caches are not supported", be);
+    const bool row_ok = d.head_size % 32 == 0 && d.head_size <= 1024 &&
+                        (caps.latent_sizes & (1u << (d.head_size / 32 - 1)));
+    if (!row_ok)
+      fail(PAGEDATTN_ERROR_UNSUPPORTED,
+           "%s: latent row size (head_size) %d is not supported (supported: %s)", be,
+           d.head_size, latent_size_list(caps.latent_sizes).c_str());
+  } else if (!(d.head_size % 8 == 0 && d.head_size <= 256 &&
+               (caps.head_sizes & (1u << (d.head_size / 8 - 1)))))
     fail(PAGEDATTN_ERROR_UNSUPPORTED, "%s: head_size %d is not supported (supported: %s)", be,
          d.head_size, head_size_list(caps.head_sizes).c_str());
   if (!(caps.layouts & (1u << d.layout)))

@@ -61,6 +61,7 @@ void check_cache_caps(const pagedattn_kv_cache_desc& d, const pagedattn_capabili
 
 std::string block_size_list(uint32_t mask);
 std::string head_size_list(uint32_t mask);
+std::string latent_size_list(uint32_t mask); /* pagedattn_capabilities.latent_sizes */
 
 /* Checks arr[offset + k*step] in [0, num_blocks) for k < n; `limit_name` names the bound
  * ("num_blocks", "src num_blocks"). */

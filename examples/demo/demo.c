@@ -7,6 +7,11 @@
  * Every layer's attention runs over the paged cache; q/k/v are random (this is an attention
  * library's demo, not a model). Finished requests give their blocks back.
  *
+ * With --model mla the layer is DeepSeek-V3-like multi-head latent attention (16 heads per
+ * tensor-parallel rank, one latent row of 512 + 64 values per token, blocks of 64): each step
+ * writes the new tokens' latent rows with pagedattn_kv_cache_write_latent and attends with
+ * pagedattn_forward_mla.
+ *
  * With --speculative K, every decode verifies K draft tokens in the same step (EAGLE/Medusa
  * style): the current token and its drafts form a tree (a main chain plus alternative branches)
  * passed as the batch's tree mask, K/V are read once for all of them, and a random prefix of the
@@ -30,11 +35,20 @@
 
 #include <pagedattn/pagedattn.h>
 
-/* The embedded model shape (a Llama-3-8B-like attention layer). */
-#define NUM_HEADS 32
-#define NUM_KV_HEADS 8
-#define HEAD_SIZE 128
-#define BLOCK_SIZE 16
+/* The embedded model shapes: a Llama-3-8B-like attention layer (the default), or DeepSeek V3's
+ * latent attention on one tensor-parallel rank of 8 (--model mla). */
+typedef struct model {
+  const char* name;
+  int heads, kv_heads, head_size, block_size;
+  int value_size; /* MLA: the latent rows' leading values (kv_lora_rank); 0 otherwise */
+} model;
+static const model kLlama = {"llama", 32, 8, 128, 16, 0};
+static const model kMla = {"mla", 16, 1, 576, 64, 512};
+static model M; /* the one this run uses */
+#define NUM_HEADS M.heads
+#define NUM_KV_HEADS M.kv_heads
+#define HEAD_SIZE M.head_size
+#define BLOCK_SIZE M.block_size
 #define BF16_TOLERANCE 2e-2
 
 typedef struct config {
@@ -61,9 +75,10 @@ static void usage(FILE* f) {
           "  --layout L       cache layout: nhd or hnd (default nhd)\n"
           "  --check-every N  float64 spot check every N steps (default 8; 0: never)\n"
           "  --speculative K  verify K draft tokens per decode under a tree mask (default 0)\n"
-          "  --quiet          no per-step lines\n"
-          "Model: %d query heads, %d KV heads, head size %d, block size %d, bfloat16.\n",
-          NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE);
+          "  --model NAME     llama (default: 32 query heads, 8 KV heads, head size 128, block\n"
+          "                   size 16) or mla (DeepSeek-V3-like latent attention: 16 heads, latent\n"
+          "                   rows of 512 + 64, block size 64); bfloat16\n"
+          "  --quiet          no per-step lines\n");
 }
 
 static int parse_int(const char* flag, const char* s, long lo, long hi, int* out) {
@@ -92,6 +107,8 @@ static int parse_args(int argc, char** argv, config* c) {
       continue;
     } else if (!strcmp(a, "--backend") && v) {
       c->backend = v;
+    } else if (!strcmp(a, "--model") && v && (!strcmp(v, "llama") || !strcmp(v, "mla"))) {
+      M = !strcmp(v, "mla") ? kMla : kLlama;
     } else if (!strcmp(a, "--layout") && v && (!strcmp(v, "nhd") || !strcmp(v, "hnd"))) {
       c->layout = !strcmp(v, "hnd") ? PAGEDATTN_LAYOUT_HND : PAGEDATTN_LAYOUT_NHD;
     } else if (!strcmp(a, "--layers")) {
@@ -391,9 +408,72 @@ static check_result spot_check(const engine* e, pagedattn_kv_cache* cache, const
   return res;
 }
 
+/* The MLA form of spot_check: row `row`'s output of every head from the latent rows read back
+ * (scores over all D values, weights times the rows' leading R), after checking that the step's
+ * new row landed as [kv_c, k_pe]. */
+static check_result spot_check_mla(const engine* e, pagedattn_kv_cache* cache, const request* r,
+                                   int layer, int64_t row, int pos, const uint16_t* q_nope,
+                                   const uint16_t* q_pe, const uint16_t* kv_c,
+                                   const uint16_t* k_pe, const uint16_t* out, float scale,
+                                   uint16_t* readback, uint64_t bytes_per_block, double* scores,
+                                   const uint8_t* tree, int tree_q, int ctx) {
+  check_result res = {0.0, 0};
+  const int D = M.head_size, R = M.value_size, P = D - R;
+  const int nkeys = pos + 1;
+  const int nblk = blocks_for(nkeys);
+  if (!report("pagedattn_kv_cache_read_blocks",
+              pagedattn_kv_cache_read_blocks(cache, r->table, (size_t)nblk, readback,
+                                             (size_t)nblk * bytes_per_block, NULL)))
+    return res;
+  /* read_blocks' format for a latent cache: per block, per layer, its rows (no V block). */
+  const size_t block_elems = (size_t)BLOCK_SIZE * D;
+  const size_t per_block = (size_t)e->cfg.layers * block_elems;
+#define ROW_AT(t) \
+  (readback + (size_t)((t) / BLOCK_SIZE) * per_block + (size_t)layer * block_elems + \
+   (size_t)((t) % BLOCK_SIZE) * D)
+  if (memcmp(ROW_AT(pos), kv_c + (size_t)row * R, (size_t)R * 2) != 0 ||
+      memcmp(ROW_AT(pos) + R, k_pe + (size_t)row * P, (size_t)P * 2) != 0) {
+    fprintf(stderr, "pagedattn-demo: the cache does not hold the new latent row of position %d "
+                    "(layer %d)\n", pos, layer);
+    return res;
+  }
+  double max_err = 0.0, max_ref = 0.0;
+  for (int h = 0; h < NUM_HEADS; ++h) {
+    const uint16_t* qn = q_nope + ((size_t)row * NUM_HEADS + h) * R;
+    const uint16_t* qp = q_pe + ((size_t)row * NUM_HEADS + h) * P;
+    double mx = -INFINITY, sum = 0.0;
+    for (int t = 0; t < nkeys; ++t) {
+      if (tree != NULL && t >= ctx && !tree_bit(tree, tree_q, pos - ctx, t - ctx)) {
+        scores[t] = -INFINITY;
+        continue;
+      }
+      const uint16_t* kt = ROW_AT(t);
+      double dot = 0.0;
+      for (int d = 0; d < R; ++d) dot += bf16_to_f64(qn[d]) * bf16_to_f64(kt[d]);
+      for (int d = 0; d < P; ++d) dot += bf16_to_f64(qp[d]) * bf16_to_f64(kt[R + d]);
+      scores[t] = dot * (double)scale;
+      if (scores[t] > mx) mx = scores[t];
+    }
+    for (int t = 0; t < nkeys; ++t) sum += (scores[t] = exp(scores[t] - mx));
+    for (int d = 0; d < R; ++d) {
+      double ref = 0.0;
+      for (int t = 0; t < nkeys; ++t) ref += scores[t] * bf16_to_f64(ROW_AT(t)[d]);
+      ref /= sum;
+      const double err = fabs(bf16_to_f64(out[((size_t)row * NUM_HEADS + h) * R + d]) - ref);
+      if (!(err <= max_err)) max_err = err; /* a NaN sticks */
+      if (fabs(ref) > max_ref) max_ref = fabs(ref);
+    }
+  }
+#undef ROW_AT
+  res.rel_err = max_ref > 0.0 ? max_err / max_ref : max_err;
+  res.ok = res.rel_err <= BF16_TOLERANCE; /* false for NaN */
+  return res;
+}
+
 /* ---- main --------------------------------------------------------------------------------- */
 
 int main(int argc, char** argv) {
+  M = kLlama;
   config cfg = {.layers = 4, .max_steps = 0, .threads = 0, .requests = 32, .budget = 512,
                 .max_seqs = 64, .blocks = 512, .check_every = 8, .quiet = 0,
                 .prompt_min = 16, .prompt_max = 512, .output_min = 8, .output_max = 64,
@@ -481,6 +561,8 @@ int main(int argc, char** argv) {
   cdesc.head_size = HEAD_SIZE;
   cdesc.dtype = PAGEDATTN_DTYPE_BFLOAT16;
   cdesc.layout = cfg.layout;
+  const int mla = M.value_size > 0;
+  if (mla) cdesc.flags |= PAGEDATTN_KV_CACHE_LATENT;
   uint64_t bytes_per_block = 0;
   if (!report("pagedattn_kv_cache_bytes_per_block",
               pagedattn_kv_cache_bytes_per_block(&bytes_per_block, &cdesc)) ||
@@ -489,8 +571,12 @@ int main(int argc, char** argv) {
 
   printf("pagedattn %s, backend %s (%d threads)\n", pagedattn_version_string(), caps.name,
          caps.max_num_threads);
-  printf("model: %d layers, %d query heads, %d KV heads, head size %d, bfloat16\n", cfg.layers,
-         NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE);
+  if (mla)
+    printf("model: %d layers of latent attention (MLA), %d query heads, latent rows of %d + %d, "
+           "bfloat16\n", cfg.layers, NUM_HEADS, M.value_size, HEAD_SIZE - M.value_size);
+  else
+    printf("model: %d layers, %d query heads, %d KV heads, head size %d, bfloat16\n",
+           cfg.layers, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE);
   printf("cache: %s, %d blocks of %d tokens, %.1f MiB; %d requests (prompts %d-%d, outputs %d-%d), "
          "%d tokens/step, seed %llu\n",
          cfg.layout == PAGEDATTN_LAYOUT_HND ? "HND" : "NHD", cfg.blocks, BLOCK_SIZE,
@@ -531,6 +617,8 @@ int main(int argc, char** argv) {
   aopts.num_kv_heads = NUM_KV_HEADS;
   aopts.head_size = HEAD_SIZE;
   aopts.write_kv = 1;
+  /* DeepSeek's softmax scale is 1/sqrt(qk_nope + rope = 192), not 1/sqrt(576). */
+  if (mla) aopts.scale = (float)(1.0 / sqrt(192.0));
 
   long long prefill_tokens = 0, decode_tokens = 0, drafts_verified = 0, drafts_accepted = 0;
   int served = 0, steps = 0, next_arrival = 0, num_checks = 0;
@@ -638,29 +726,68 @@ int main(int argc, char** argv) {
       pagedattn_tensor tk = host_tensor((void*)kd, kv_shape);
       pagedattn_tensor tv = host_tensor((void*)vd, kv_shape);
       pagedattn_tensor tout = host_tensor(out, q_shape);
+      const size_t out_len = (size_t)num_tokens * NUM_HEADS * (mla ? M.value_size : HEAD_SIZE);
       if (layer == check_layer) {
         /* Poison the output: every row must be written. */
-        for (size_t i = 0; i < q_len; ++i) out[i] = 0x7fc0;
+        for (size_t i = 0; i < out_len; ++i) out[i] = 0x7fc0;
       }
-      if (!report("pagedattn_forward", pagedattn_forward(backend, batch, cache, layer, &aopts, &tq,
-                                                         &tk, &tv, &tout, NULL, NULL)))
+      /* MLA: q_nope [T, H, R] and q_pe [T, H, D - R] (its own window), the step's latent rows
+       * written first as kv_c [T, 1, R] and k_pe [T, 1, D - R]; out [T, H, R]. */
+      const int R = M.value_size, P = HEAD_SIZE - M.value_size;
+      const uint16_t* pd = pool + (rng_next(&rng) % ((pool_len - q_len) / 64)) * 64;
+      int64_t qn_shape[3] = {num_tokens, NUM_HEADS, R}, qp_shape[3] = {num_tokens, NUM_HEADS, P};
+      int64_t kc_shape[3] = {num_tokens, 1, R}, kp_shape[3] = {num_tokens, 1, P};
+      if (mla) {
+        pagedattn_tensor tqn = host_tensor((void*)qd, qn_shape);
+        pagedattn_tensor tqp = host_tensor((void*)pd, qp_shape);
+        pagedattn_tensor tkc = host_tensor((void*)kd, kc_shape);
+        pagedattn_tensor tkp = host_tensor((void*)vd, kp_shape);
+        pagedattn_tensor tmo = host_tensor(out, qn_shape);
+        const int64_t* slots = NULL;
+        int64_t nslots = 0;
+        if (!report("pagedattn_batch_get_slot_mapping",
+                    pagedattn_batch_get_slot_mapping(&slots, &nslots, batch)))
+          goto done;
+        int64_t s_shape[1] = {nslots};
+        pagedattn_tensor ts;
+        memset(&ts, 0, sizeof ts);
+        ts.data = (void*)slots;
+        ts.device.device_type = PAGEDATTN_DEVICE_CPU;
+        ts.ndim = 1;
+        ts.dtype.code = PAGEDATTN_DLPACK_INT;
+        ts.dtype.bits = 64;
+        ts.dtype.lanes = 1;
+        ts.shape = s_shape;
+        if (!report("pagedattn_kv_cache_write_latent",
+                    pagedattn_kv_cache_write_latent(cache, layer, &tkc, &tkp, &ts, 1.0f, NULL)) ||
+            !report("pagedattn_forward_mla",
+                    pagedattn_forward_mla(backend, batch, cache, layer, &aopts, &tqn, &tqp, &tmo,
+                                          NULL, NULL)))
+          goto done;
+      } else if (!report("pagedattn_forward",
+                         pagedattn_forward(backend, batch, cache, layer, &aopts, &tq, &tk, &tv,
+                                           &tout, NULL, NULL))) {
         goto done;
+      }
       if (layer == check_layer) {
         const double tc = now_s();
-        for (size_t i = 0; i < q_len; ++i) {
+        for (size_t i = 0; i < out_len; ++i) {
           if ((out[i] & 0x7f80) == 0x7f80) {
             fprintf(stderr, "pagedattn-demo: step %d layer %d: output element %zu is not finite "
-                            "(row %zu)\n", steps, layer, i, i / q_row);
+                            "(row %zu)\n", steps, layer, i, i / (out_len / (size_t)num_tokens));
             goto done;
           }
         }
         const request* r = &e.reqs[e.sched[check_seq]];
         const int64_t row = qstart[check_seq] + check_tok;
         const int pos = r->computed + check_tok;
-        check_result cr = spot_check(&e, cache, r, layer, row, pos, qd, kd, vd, out, readback,
-                                     bytes_per_block, scores,
-                                     check_tree ? tree_bits + tree_ip[check_seq] : NULL,
-                                     qlens[check_seq], r->computed);
+        const uint8_t* tb = check_tree ? tree_bits + tree_ip[check_seq] : NULL;
+        check_result cr =
+            mla ? spot_check_mla(&e, cache, r, layer, row, pos, qd, pd, kd, vd, out, aopts.scale,
+                                 readback, bytes_per_block, scores, tb, qlens[check_seq],
+                                 r->computed)
+                : spot_check(&e, cache, r, layer, row, pos, qd, kd, vd, out, readback,
+                             bytes_per_block, scores, tb, qlens[check_seq], r->computed);
         ++num_checks;
         if (!(cr.rel_err <= worst_err)) worst_err = cr.rel_err;
         if (!cfg.quiet || !cr.ok) {

@@ -108,11 +108,11 @@ PAGEDATTN_API pagedattn_status pagedattn_attention_options_init_sized(
  * head_size != the cache's, num_kv_heads != the cache's, negative window or cap, a scale that is
  * negative or not finite, k/v scales not finite and > 0, write_kv not 0 or 1, flags != 0, ALiBi,
  * a window or an attention chunk with a non-decoder type, a negative attention_chunk, a per-head
- * scale in host memory that is not finite and > 0, ENCODER types with context_len > 0, write_kv with
- * ENCODER_ONLY, CROSS with a batch planned without encoder_lens, a batch planned without the
- * cache, a cache whose block size or count differs from the one planned, write_kv with a batch
- * in which two tokens, or two encoder rows, write one slot: block tables that share a block both
- * write into, or a repeated slot_mapping entry),
+ * scale in host memory that is not finite and > 0, a latent cache (pagedattn_forward_mla), ENCODER
+ * types with context_len > 0, write_kv with ENCODER_ONLY, CROSS with a batch planned without
+ * encoder_lens, a batch planned without the cache, a cache whose block size or count differs from
+ * the one planned, write_kv with a batch in which two tokens, or two encoder rows, write one
+ * slot: block tables that share a block both write into, or a repeated slot_mapping entry),
  * PAGEDATTN_ERROR_BAD_TENSOR (rank, shape, dtype, stride, fewer rows than the batch needs;
  * ALiBi slopes or sinks not float32 [H], per-head scales not float32 [Hkv]),
  * PAGEDATTN_ERROR_WRONG_DEVICE (a tensor off the backend's device, a host cache),
@@ -132,6 +132,39 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
                                                 const pagedattn_tensor* v,
                                                 pagedattn_tensor* out, pagedattn_tensor* lse,
                                                 void* stream);
+
+/* Since 0.2: multi-head latent attention (MLA, DeepSeek V2/V3/R1, Kimi K2) in the absorbed form,
+ * over a latent cache (PAGEDATTN_KV_CACHE_LATENT) planned with `batch`, on backends with
+ * PAGEDATTN_FEATURE_MLA. Every query head reads each key's one latent row of D = head_size values
+ * (R leading values, then D - R of rotary key): score = scale * (q . row) over all D values, then
+ * soft cap, masks and softmax as pagedattn_forward's decoder attention, and out = the weights
+ * times the rows' leading R values (docs/semantics.md section 8).
+ * q_nope: [num_tokens, H, R] (the query's no-rope part, already multiplied by W_UK) with q_pe
+ * [num_tokens, H, D - R]; or q_pe NULL and q_nope holding whole rows, [num_tokens, H, D]. out:
+ * [num_tokens, H, R] of q's dtype: its last extent R is the value size (kv_lora_rank), one the
+ * backend supports for D. lse: optional float32 [num_tokens, H]. Padded rows, strides, devices,
+ * dtypes and the fp8 rule as pagedattn_forward.
+ * opts: num_heads = H (any >= 1), num_kv_heads 1, head_size D (the cache's), scale (0 =
+ * 1/sqrt(D); DeepSeek's models pass their own softmax scale), soft_cap, sliding_window,
+ * attention_chunk, alibi_slopes and sinks as pagedattn_forward; attention_type must be DECODER;
+ * k_scale dequantises an fp8 latent cache (v_scale is not used: values and keys are one row);
+ * write_kv is not used (write the step's rows with pagedattn_kv_cache_write_latent first);
+ * per-KV-head scales are refused. The batch's tree masks, chunked prefill and mixed steps apply.
+ * No allocation, no host sync, capturable on GPU backends; on CPU backends the first MLA forward
+ * of a batch sizes its MLA workspace (accounted against memory_limit). Runs on `stream`.
+ * Returns the statuses of pagedattn_forward, and PAGEDATTN_ERROR_INVALID_ARGUMENT (a cache that
+ * is not latent, num_kv_heads != 1, a type other than DECODER, per-KV-head scales, q_nope/q_pe
+ * extents that do not add up to D or a value size R >= D), PAGEDATTN_ERROR_UNSUPPORTED (no
+ * PAGEDATTN_FEATURE_MLA, or a value size the backend lacks for D). pagedattn_forward refuses a
+ * latent cache with PAGEDATTN_ERROR_INVALID_ARGUMENT. On error nothing is written. */
+PAGEDATTN_API pagedattn_status pagedattn_forward_mla(pagedattn_backend* backend,
+                                                    const pagedattn_batch* batch,
+                                                    pagedattn_kv_cache* cache, int32_t layer,
+                                                    const pagedattn_attention_options* opts,
+                                                    const pagedattn_tensor* q_nope,
+                                                    const pagedattn_tensor* q_pe,
+                                                    pagedattn_tensor* out, pagedattn_tensor* lse,
+                                                    void* stream);
 
 /* Merges two partial attention results over disjoint key sets into the exact result:
  * lse = log(exp(lse1) + exp(lse2)), out = (exp(lse1 - lse) * o1 + exp(lse2 - lse) * o2).

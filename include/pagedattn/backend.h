@@ -41,6 +41,7 @@ typedef struct pagedattn_backend pagedattn_backend;
 #define PAGEDATTN_FEATURE_CHUNKED_LOCAL (1u << 13) /* options.attention_chunk */
 #define PAGEDATTN_FEATURE_HEAD_SCALES (1u << 14)  /* per-KV-head fp8 scales (options, writes) */
 #define PAGEDATTN_FEATURE_TREE_MASK (1u << 15)    /* speculative-decoding tree masks (batch) */
+#define PAGEDATTN_FEATURE_MLA (1u << 16)          /* latent caches, pagedattn_forward_mla */
 
 /* What a backend can do, so a caller can decide before calling. */
 typedef struct pagedattn_capabilities {
@@ -65,6 +66,9 @@ typedef struct pagedattn_capabilities {
                                 value of every environment variable it read, e.g. "target
                                 AVX3_BF16 (best runnable; PAGEDATTN_CPU_TARGET unset), prefetch
                                 twice, 2 threads, PAGEDATTN_CPU_SPIN_US=100" */
+  uint32_t latent_sizes;     /* latent (MLA) caches: bit i set = row size 32*(i+1) supported
+                                (32..1024); 0 without PAGEDATTN_FEATURE_MLA. The value sizes a
+                                row size takes are in docs/semantics.md section 8. */
 } pagedattn_capabilities;
 
 /* Options for pagedattn_backend_create. Initialise with pagedattn_backend_options_init. */

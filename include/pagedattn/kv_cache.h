@@ -36,6 +36,14 @@ typedef enum pagedattn_layout {
 /* Place the cache in host memory owned by this backend (pinned on GPU backends), as the host
  * side of swaps. Ignored (already host) on CPU backends. */
 #define PAGEDATTN_KV_CACHE_HOST (1u << 0)
+/* Since 0.2: a latent cache for multi-head latent attention (MLA: DeepSeek V2/V3/R1, Kimi K2),
+ * on backends with PAGEDATTN_FEATURE_MLA. Each token stores one row of head_size values per layer
+ * (kv_lora_rank compressed values, then the rotary key: 512 + 64 = 576 for DeepSeek V3) shared by
+ * every query head; there is no separate V: the values are the leading entries of the same row.
+ * num_kv_heads must be 1 and head_size a latent row size the backend lists in
+ * pagedattn_capabilities.latent_sizes. Rows are written with pagedattn_kv_cache_write_latent and
+ * read by pagedattn_forward_mla (docs/semantics.md section 8). */
+#define PAGEDATTN_KV_CACHE_LATENT (1u << 1)
 
 /* Geometry of a cache. Initialise with pagedattn_kv_cache_desc_init. */
 typedef struct pagedattn_kv_cache_desc {
@@ -55,6 +63,7 @@ typedef struct pagedattn_kv_cache_desc {
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_desc_init(pagedattn_kv_cache_desc* desc);
 
 /* Bytes one block takes across all layers, K and V (num_layers * 2 * block_size * num_kv_heads *
+ * head_size * element size; a latent cache has one row per slot: num_layers * block_size *
  * head_size * element size), so an engine can size its pool: num_blocks = free / *out. Also the
  * size of one block's record in read_blocks/load_blocks buffers. Validates the geometry as create
  * does but needs no backend. Returns PAGEDATTN_ERROR_NULL_POINTER, PAGEDATTN_ERROR_STRUCT_SIZE,
@@ -80,8 +89,10 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_create(pagedattn_kv_cache** ou
 /* Caller memory for pagedattn_kv_cache_wrap. */
 typedef struct pagedattn_kv_cache_memory {
   uint32_t struct_size;      /* sizeof(pagedattn_kv_cache_memory) */
-  void* const* k_layers;     /* [num_layers] base pointers of each layer's K blocks */
-  void* const* v_layers;     /* [num_layers] base pointers of each layer's V blocks */
+  void* const* k_layers;     /* [num_layers] base pointers of each layer's K blocks (of a
+                                latent cache: its rows) */
+  void* const* v_layers;     /* [num_layers] base pointers of each layer's V blocks; ignored,
+                                and may be NULL, for a latent cache */
   /* Element strides (not bytes); 0,0,0 = the compact strides of desc->layout. The innermost (dim)
    * stride is always 1. A dimension of extent 1 (one block, slot or head) ignores its stride. */
   int64_t block_stride;
@@ -118,7 +129,8 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_desc(pagedattn_kv_cache_de
                                                           const pagedattn_kv_cache* cache);
 
 /* Returns layer `layer`'s K and V base pointers and the element strides (block, slot, head) of the
- * cache (for a wrapped cache, the ones it was wrapped with), so an engine can hand the memory to
+ * cache (for a wrapped cache, the ones it was wrapped with; for a latent cache *v is the rows' base
+ * too, as its values lead each row), so an engine can hand the memory to
  * other code. Any out pointer may be NULL. Returns
  * PAGEDATTN_ERROR_NULL_POINTER (cache), PAGEDATTN_ERROR_OUT_OF_RANGE (layer),
  * PAGEDATTN_ERROR_INVALID_HANDLE. */
@@ -147,8 +159,9 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_get_layer(void** k, void** v,
  * unit stride), PAGEDATTN_ERROR_WRONG_DEVICE, PAGEDATTN_ERROR_OUT_OF_RANGE (layer or slot),
  * PAGEDATTN_ERROR_OVERFLOW (a tensor whose strides or byte_offset make element or byte offsets
  * overflow int64), PAGEDATTN_ERROR_UNSUPPORTED (a key dtype other than the cache's on a non-fp8
- * cache, or one the backend lacks), PAGEDATTN_ERROR_INVALID_ARGUMENT (scales, a repeated slot),
- * PAGEDATTN_ERROR_INVALID_HANDLE (cache destroyed), PAGEDATTN_ERROR_DEVICE. */
+ * cache, or one the backend lacks), PAGEDATTN_ERROR_INVALID_ARGUMENT (scales, a repeated slot,
+ * a latent cache: see pagedattn_kv_cache_write_latent), PAGEDATTN_ERROR_INVALID_HANDLE (cache
+ * destroyed), PAGEDATTN_ERROR_DEVICE. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write(pagedattn_kv_cache* cache, int32_t layer,
                                                        const pagedattn_tensor* key,
                                                        const pagedattn_tensor* value,
@@ -171,6 +184,21 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write_scaled(
     const pagedattn_tensor* value, const pagedattn_tensor* slot_mapping,
     const pagedattn_tensor* k_head_scales, const pagedattn_tensor* v_head_scales, void* stream);
 
+/* Since 0.2: reshape-and-cache for a latent (MLA) cache (vLLM's concat_and_cache_mla): for each
+ * token t with slot_mapping[t] >= 0, stores the row [kv_c[t], k_pe[t]] of head_size values at its
+ * slot of `layer`. kv_c is [T, R] (R = kv_lora_rank, the values) and k_pe [T, head_size - R] (the
+ * rotary key), each 2-D or 3-D with a middle extent of 1 ([T, 1, R] as vLLM's k_pe); or k_pe is
+ * NULL and kv_c holds whole rows, [T, head_size]. Both of the model's dtype (float32/float16/
+ * bfloat16; the cache's, or an fp8 cache), on the cache's device. On an fp8 cache values are
+ * stored as fp8(x / scale) (scale finite and > 0); other caches ignore scale. Slots follow
+ * pagedattn_kv_cache_write's rules (host slot mappings checked first, -1 skipped, each slot at
+ * most once). Runs on `stream`. Returns the statuses of pagedattn_kv_cache_write, and
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT for a cache that is not latent. */
+PAGEDATTN_API pagedattn_status pagedattn_kv_cache_write_latent(
+    pagedattn_kv_cache* cache, int32_t layer, const pagedattn_tensor* kv_c,
+    const pagedattn_tensor* k_pe, const pagedattn_tensor* slot_mapping, float scale,
+    void* stream);
+
 /* Copies whole blocks, K and V of every layer, within one cache: for i < num_pairs, block
  * pairs[2i] -> block pairs[2i+1] (copy-on-write for beam search and parallel sampling). `pairs`
  * is host memory. Every id must be in [0, num_blocks); a destination may appear once and may not
@@ -185,14 +213,15 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_copy_blocks(pagedattn_kv_cache
 
 /* Copies whole blocks, K and V of every layer, from cache `src` to cache `dst`: block pairs[2i] of
  * src -> block pairs[2i+1] of dst. The caches must have identical geometry (layers, block size,
- * heads, head size, dtype; layouts and block counts may differ) and may live on different devices
- * (device <-> host for preemption and offload); the backend of `dst` or of `src`, whichever is a
- * GPU backend, does the copy, asynchronously on `stream` when the host side is pinned. Checks as
- * copy_blocks (destinations unique). Returns PAGEDATTN_ERROR_NULL_POINTER (dst, src, or pairs
- * with num_pairs > 0), PAGEDATTN_ERROR_INVALID_ARGUMENT (geometry or dtype differs; repeated
- * destination; num_pairs > INT32_MAX; with dst == src, a destination that is also a source),
- * PAGEDATTN_ERROR_OUT_OF_RANGE (an id), PAGEDATTN_ERROR_WRONG_DEVICE (two different GPUs),
- * PAGEDATTN_ERROR_INVALID_HANDLE (a cache destroyed), PAGEDATTN_ERROR_DEVICE. */
+ * heads, head size, dtype, both latent or neither; layouts and block counts may differ) and may
+ * live on different devices (device <-> host for preemption and offload); the backend of `dst` or
+ * of `src`, whichever is a GPU backend, does the copy, asynchronously on `stream` when the host
+ * side is pinned. Checks as copy_blocks (destinations unique). Returns
+ * PAGEDATTN_ERROR_NULL_POINTER (dst, src, or pairs with num_pairs > 0),
+ * PAGEDATTN_ERROR_INVALID_ARGUMENT (geometry or dtype differs; repeated destination; num_pairs >
+ * INT32_MAX; with dst == src, a destination that is also a source), PAGEDATTN_ERROR_OUT_OF_RANGE
+ * (an id), PAGEDATTN_ERROR_WRONG_DEVICE (two different GPUs), PAGEDATTN_ERROR_INVALID_HANDLE (a
+ * cache destroyed), PAGEDATTN_ERROR_DEVICE. */
 PAGEDATTN_API pagedattn_status pagedattn_kv_cache_swap_blocks(pagedattn_kv_cache* dst,
                                                              const pagedattn_kv_cache* src,
                                                              const int32_t* pairs,
@@ -200,7 +229,8 @@ PAGEDATTN_API pagedattn_status pagedattn_kv_cache_swap_blocks(pagedattn_kv_cache
 
 /* Exports blocks to a host buffer, for tests and persistence. For each id in order, for each
  * layer: the K block then the V block, each block_size*num_kv_heads*head_size elements of the
- * cache's dtype in the cache's layout order (NHD: slot, head, dim; HND: head, slot, dim), packed.
+ * cache's dtype in the cache's layout order (NHD: slot, head, dim; HND: head, slot, dim), packed;
+ * a latent cache's record holds each layer's block of rows once (no V block).
  * buffer_bytes must be >= num_ids * bytes_per_block. Synchronous: waits for the copy (queued on
  * `stream` after earlier work). Returns PAGEDATTN_ERROR_NULL_POINTER (cache, or block_ids or
  * buffer with num_ids > 0), PAGEDATTN_ERROR_OUT_OF_RANGE (an id), PAGEDATTN_ERROR_INVALID_ARGUMENT

@@ -46,6 +46,11 @@ HWY_EXPORT(AttentionItem);
 HWY_EXPORT(MultiHeadDecodeOk);
 HWY_EXPORT(ConvertForTest);
 HWY_EXPORT(StoreCacheRow);
+HWY_EXPORT(MlaItemRun);
+
+void mla_item(const Target& target, const MlaItem& item, float* scratch) {
+  HWY_DISPATCH_TABLE(MlaItemRun)[target.index](item, scratch);
+}
 
 void store_cache_row(uint32_t target_index, void* dst, pagedattn_dtype ddt, const void* src,
                      pagedattn_dtype sdt, int n, float scale) {

@@ -53,6 +53,9 @@ struct Plan {
   int32_t cap_seqs = 0;
   Schedule sched{};             // its arrays for cap_seqs sequences
   void* block = nullptr;        // the one allocation holding all of the above
+  // The workers' MLA scratch, sized by the batch's first MLA forward (or a larger one's).
+  float* mla = nullptr;
+  size_t mla_floats = 0;        // per worker
 };
 
 pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, char* msg) {
@@ -104,6 +107,7 @@ pagedattn_status plan_batch(void* state, pa_batch* batch, int32_t is_update, cha
 void free_batch(void* state, pa_batch* batch) {
   auto* p = static_cast<Plan*>(batch->backend_data);
   if (p == nullptr) return;
+  if (p->mla != nullptr) pa_runtime::host_free(static_cast<Backend*>(state)->used, p->mla);
   pa_runtime::host_free(static_cast<Backend*>(state)->used, p->block);
   delete p;
   batch->backend_data = nullptr;
@@ -166,6 +170,70 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
     return PAGEDATTN_OK;
   } catch (...) {
     set_msg(msg, "cpu: unexpected exception in forward");
+    return PAGEDATTN_ERROR_INTERNAL;
+  }
+}
+
+// ---- multi-head latent attention ----
+
+// Value sizes the MLA kernel takes: whole vectors of every target (16 floats).
+bool mla_value_size_ok(int32_t R, int32_t D) { return R % 16 == 0 && R > 0 && R < D; }
+
+pagedattn_status forward_mla(void* state, const pa_forward_args* args, char* msg) {
+  auto* b = static_cast<Backend*>(state);
+  const pa_forward_args& a = *args;
+  const pa_batch& bt = *a.batch;
+  try {
+    auto* plan = static_cast<Plan*>(bt.backend_data);
+    if (plan == nullptr) {
+      set_msg(msg, "cpu: batch was not planned for this backend");
+      return PAGEDATTN_ERROR_INTERNAL;
+    }
+    if (!mla_value_size_ok(a.value_size, a.head_size)) {
+      snprintf(msg, PA_MSG_LEN,
+               "cpu: value size %d is not supported with latent rows of %d (supported: a "
+               "multiple of 16 below the row size)",
+               a.value_size, a.head_size);
+      return PAGEDATTN_ERROR_UNSUPPORTED;
+    }
+    std::lock_guard<std::mutex> lock(plan->mu);
+    pa_runtime::ThreadPool& pool = *b->pool;
+    Schedule& sc = plan->sched;
+    schedule_forward(b->target, a, pool.size(), &sc);
+    const int rows = sc.shape.heads_per_item * sc.shape.tokens_per_item;
+    const size_t need = mla_layout(std::min(rows, kMlaMaxRows), a.head_size, a.value_size).total;
+    if (need > plan->mla_floats) {
+      void* m = pa_runtime::host_alloc(b->used, b->memory_limit,
+                                       need * sizeof(float) * static_cast<size_t>(plan->nworkers),
+                                       msg, "cpu: MLA workspace");
+      if (m == nullptr) return PAGEDATTN_ERROR_OUT_OF_MEMORY;
+      if (plan->mla != nullptr) pa_runtime::host_free(b->used, plan->mla);
+      plan->mla = static_cast<float*>(m);
+      plan->mla_floats = need;
+    }
+    pool.parallel_for(sc.items, [&](int64_t item, int worker) {
+      MlaItem m;
+      work_item(a, sc, item, &m.a);
+      m.q_pe = a.q_pe.data;
+      m.q_pe_row_stride = a.q_pe.row_stride;
+      m.q_pe_head_stride = a.q_pe.head_stride;
+      m.value_size = a.value_size;
+      mla_item(b->target, m, plan->mla + static_cast<size_t>(worker) * plan->mla_floats);
+    });
+    if (sc.any_split) {
+      pool.parallel_for(sc.base_items, [&](int64_t item, int) {
+        AttnItem it;
+        SplitParts parts;
+        merge_item(a, sc, item, &it, &parts);
+        if (parts.n <= 1) return;
+        it.head_size = a.value_size;  // the parts and the output rows are value_size wide
+        attention_merge_parts(b->target.index, it, parts.n, parts.acc, parts.stride, parts.m,
+                              parts.l, parts.stride);
+      });
+    }
+    return PAGEDATTN_OK;
+  } catch (...) {
+    set_msg(msg, "cpu: unexpected exception in forward_mla");
     return PAGEDATTN_ERROR_INTERNAL;
   }
 }
@@ -262,7 +330,7 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
                    PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_HOST_SWAP |
                    PAGEDATTN_FEATURE_WRAP_CACHE | PAGEDATTN_FEATURE_SINKS |
                    PAGEDATTN_FEATURE_CHUNKED_LOCAL | PAGEDATTN_FEATURE_HEAD_SCALES |
-                   PAGEDATTN_FEATURE_TREE_MASK;
+                   PAGEDATTN_FEATURE_TREE_MASK | PAGEDATTN_FEATURE_MLA;
   caps->dtypes = PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT32) |
                  PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_FLOAT16) |
                  PAGEDATTN_DTYPE_BIT(PAGEDATTN_DTYPE_BFLOAT16);
@@ -275,6 +343,7 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
   caps->total_memory = 0;
   caps->target = b->target.name;
   caps->settings = b->settings.c_str();
+  caps->latent_sizes = 0xFFFFFFFFu;  // every multiple of 32 up to 1024
 }
 
 pagedattn_status alloc(void* state, size_t bytes, int32_t /*host*/, void** ptr, char* msg) {
@@ -348,7 +417,7 @@ pagedattn_status pack_blocks(Backend* b, const pa_cache* cache, const int32_t* i
                              void* buffer, bool unpack, char* msg) {
   try {
     const int64_t L = cache->num_layers;
-    const size_t rec = 2 * half_block_bytes(*cache);
+    const size_t rec = (cache->latent ? 1 : 2) * half_block_bytes(*cache);
     b->pool->parallel_for(static_cast<int64_t>(n) * L, [&](int64_t w, int) {
       char* at = static_cast<char*>(buffer) + static_cast<size_t>(w) * rec;
       pack_block(*cache, ids[w / L], static_cast<int32_t>(w % L), at, unpack);
@@ -410,6 +479,7 @@ const pa_backend_ops kOps = {
     forward,
     merge_states,
     synchronize,
+    forward_mla,
 };
 
 }  // namespace

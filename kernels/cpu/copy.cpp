@@ -1,6 +1,7 @@
 // kernels/cpu/copy.cpp — whole-block copies (copy_blocks, swap_blocks) and packing for
 // read_blocks / load_blocks. Same dtype on both sides: plain memcpy, per block when the block is
-// compact on both sides, else per (slot, head) row of head_size elements.
+// compact on both sides, else per (slot, head) row of head_size elements. A latent cache's rows
+// move once (its V is its K).
 #include <string.h>
 
 #include "convert.h"
@@ -35,7 +36,7 @@ void copy_block(const pa_cache& to, int32_t dst, const pa_cache& from, int32_t s
   const size_t esz = elem_size(from.dtype);
   const size_t row = static_cast<size_t>(from.head_size) * esz;
   const bool whole = to.layout == from.layout && compact(to) && compact(from);
-  for (int kv = 0; kv < 2; ++kv) {
+  for (int kv = 0; kv < (from.latent ? 1 : 2); ++kv) {
     if (whole) {
       memcpy(addr(to, kv, layer, dst, 0, 0), addr(from, kv, layer, src, 0, 0),
              row * static_cast<size_t>(from.block_size) * static_cast<size_t>(from.num_kv_heads));
@@ -52,7 +53,7 @@ void pack_block(const pa_cache& c, int32_t block, int32_t layer, void* buf, bool
   const size_t esz = elem_size(c.dtype);
   const size_t row = static_cast<size_t>(c.head_size) * esz;
   const size_t half = row * static_cast<size_t>(c.block_size) * static_cast<size_t>(c.num_kv_heads);
-  for (int kv = 0; kv < 2; ++kv) {
+  for (int kv = 0; kv < (c.latent ? 1 : 2); ++kv) {
     char* b = static_cast<char*>(buf) + static_cast<size_t>(kv) * half;
     if (compact(c)) {
       char* p = addr(c, kv, layer, block, 0, 0);

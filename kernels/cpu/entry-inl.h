@@ -1,6 +1,6 @@
 // kernels/cpu/entry-inl.h — the per-target entry points of the CPU attention kernels
-// (AttentionItem, MultiHeadDecodeOk, ConvertForTest, StoreCacheRow) over the -inl.h files, one
-// concern each, included in the order each builds on the last.
+// (AttentionItem, MultiHeadDecodeOk, ConvertForTest, StoreCacheRow, MlaItemRun) over the -inl.h
+// files, one concern each, included in the order each builds on the last.
 //
 // PA_CPU_UNIT names the Highway target whose bodies the including translation unit compiles:
 // attention.cpp compiles every target's (PA_CPU_UNIT is HWY_TARGET) or, where the build splits
@@ -38,6 +38,7 @@
 #include "wide_bf16-inl.h"
 #include "wide_amx-inl.h"
 #include "wide_dp-inl.h"
+#include "mla-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace pa_cpu {
@@ -241,6 +242,8 @@ void StoreCacheRow(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dt
   store_cache_row(dst, ddt, src, sdt, n, scale);
 }
 
+void MlaItemRun(const MlaItem& item, float* scratch) { mla_run(item, scratch); }
+
 #else  // another unit compiles this target: the entry points HWY_EXPORT names
 
 bool MultiHeadDecodeOk(const AttnItem& it, bool dp);
@@ -248,6 +251,7 @@ void AttentionItem(const AttnItem& it, Scratch* sc, int dp);
 void ConvertForTest(pagedattn_dtype dt, int mode, const void* src, float* dst, int n);
 void StoreCacheRow(void* dst, pagedattn_dtype ddt, const void* src, pagedattn_dtype sdt, int n,
                    float scale);
+void MlaItemRun(const MlaItem& item, float* scratch);
 
 #endif  // HWY_TARGET == PA_CPU_UNIT
 

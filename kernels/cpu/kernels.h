@@ -181,6 +181,48 @@ void attention_merge_parts(uint32_t target_index, const AttnItem& item, int n,
 void convert_for_test(uint32_t target_index, pagedattn_dtype dt, int mode, const void* src,
                       float* dst, int n);
 
+/* ---- multi-head latent attention (the kernel in mla-inl.h, dispatched by attention.cpp) ---- */
+
+/* Most (token, head) rows of one MLA work item: a decode step's 128 heads read each latent row
+ * once. */
+constexpr int kMlaMaxRows = 128;
+/* Keys per tile of the MLA loop. */
+constexpr int kMlaKeyTile = 32;
+
+/* One MLA work item: an AttnItem over the latent cache (head_size the row size D, kv.k = kv.v
+ * the layer's rows, one KV head, every query head of the item reading it) whose query rows are
+ * q_nope's leading values beside q_pe's, and whose output and partial rows are value_size wide
+ * (the rows' leading values). */
+struct MlaItem {
+  AttnItem a;
+  const void* q_pe;           /* NULL: a.q holds whole rows */
+  int64_t q_pe_row_stride, q_pe_head_stride;
+  int32_t value_size;         /* R: out and part_acc rows are R floats */
+};
+
+/* Where an MLA item's scratch of `rows` rows, row size D and value size R puts its arrays, in
+ * floats from its start (each 64-byte aligned): the scaled query rows, the accumulators, a
+ * converted key tile, a score tile and each row's running max and sum; `total` is its size. */
+struct MlaLayout {
+  size_t q, acc, kt, s, m, l, total;
+};
+static inline MlaLayout mla_layout(int rows, int D, int R) {
+  const auto up = [](size_t n) { return (n + 15) / 16 * 16; };
+  MlaLayout L;
+  L.q = 0;
+  L.acc = L.q + up(static_cast<size_t>(rows) * D);
+  L.kt = L.acc + up(static_cast<size_t>(rows) * R);
+  L.s = L.kt + up(static_cast<size_t>(kMlaKeyTile) * D);
+  L.m = L.s + up(static_cast<size_t>(rows) * kMlaKeyTile);
+  L.l = L.m + up(static_cast<size_t>(rows));
+  L.total = L.l + up(static_cast<size_t>(rows));
+  return L;
+}
+
+/* Runs one MLA item with the given target; scratch holds mla_layout(rows, D, R).total floats,
+ * 64-byte aligned. */
+void mla_item(const Target& target, const MlaItem& item, float* scratch);
+
 /* ---- cache write (write.cpp; store_cache_row per target in store-inl.h, dispatched by
  * attention.cpp) ---- */
 

@@ -12,6 +12,14 @@ void seq_item(const pa_forward_args& a, int32_t i, AttnItem* it);
 Shape shape_of(const Target& target, const pa_forward_args& a) {
   Shape s;
   s.group = a.num_heads / a.num_kv_heads;
+  if (a.cache != nullptr && a.cache->latent) {
+    // MLA: every head reads the one latent row, so an item takes as many rows as fit.
+    s.heads_per_item = std::min(s.group, kMlaMaxRows);
+    s.head_chunks = (s.group + s.heads_per_item - 1) / s.heads_per_item;
+    s.tokens_per_item = std::max(1, kMlaMaxRows / s.heads_per_item);
+    s.kv_per_item = 1;
+    return s;
+  }
   s.heads_per_item = std::min(s.group, kMaxRows);
   s.head_chunks = (s.group + s.heads_per_item - 1) / s.heads_per_item;
   s.tokens_per_item = std::max(1, kMaxRows / s.heads_per_item);
@@ -196,7 +204,16 @@ void schedule_forward(const Target& target, const pa_forward_args& a, int worker
     want = static_cast<int32_t>(std::min<int64_t>(kMaxSplits, (8 * nw + base_items - 1) /
                                                                   base_items));
   }
-  const size_t part_stride = kPartFloats;
+  // A part holds rows x dim accumulators, then the rows' m and l.
+  const bool mla = a.cache != nullptr && a.cache->latent;
+  s->part_rows = kMaxRows;
+  s->part_dim = kMaxHeadSize;
+  if (mla) {
+    s->part_rows = sh.heads_per_item * std::min(sh.tokens_per_item, std::max(bt.max_query_len, 1));
+    s->part_dim = a.value_size;
+  }
+  s->part_stride = static_cast<size_t>(s->part_rows) * (static_cast<size_t>(s->part_dim) + 2);
+  const size_t part_stride = s->part_stride;
   for (;;) {
     size_t parts = 0;
     for (int32_t i = 0; i < ns; ++i) {
@@ -242,11 +259,11 @@ void work_item(const pa_forward_args& a, const Schedule& s, int64_t item, AttnIt
     const int64_t chunk = ((it->num_keys + n - 1) / n + 15) / 16 * 16;
     it->key0 = std::min<int64_t>(it->num_keys, split * chunk);
     it->key1 = std::min<int64_t>(it->num_keys, it->key0 + chunk);
-    float* part = s.parts + s.part_off[i] + static_cast<size_t>(local) * kPartFloats;
+    float* part = s.parts + s.part_off[i] + static_cast<size_t>(local) * s.part_stride;
     it->out = nullptr;
     it->part_acc = part;
-    it->part_m = part + static_cast<size_t>(kMaxRows) * kMaxHeadSize;
-    it->part_l = it->part_m + kMaxRows;
+    it->part_m = part + static_cast<size_t>(s.part_rows) * s.part_dim;
+    it->part_l = it->part_m + s.part_rows;
   }
 }
 
@@ -258,10 +275,10 @@ void merge_item(const pa_forward_args& a, const Schedule& s, int64_t base, AttnI
   const int64_t local = base - s.base_prefix[i];
   seq_item(a, i, it);
   place_item(a, s.shape, i, local, it);
-  parts->acc = s.parts + s.part_off[i] + static_cast<size_t>(local) * parts->n * kPartFloats;
-  parts->m = parts->acc + static_cast<size_t>(kMaxRows) * kMaxHeadSize;
-  parts->l = parts->m + kMaxRows;
-  parts->stride = static_cast<int64_t>(kPartFloats);
+  parts->acc = s.parts + s.part_off[i] + static_cast<size_t>(local) * parts->n * s.part_stride;
+  parts->m = parts->acc + static_cast<size_t>(s.part_rows) * s.part_dim;
+  parts->l = parts->m + s.part_rows;
+  parts->stride = static_cast<int64_t>(s.part_stride);
 }
 
 }  // namespace pa_cpu

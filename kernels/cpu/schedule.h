@@ -20,7 +20,8 @@ constexpr size_t kPartFloats = static_cast<size_t>(kMaxRows) * (kMaxHeadSize + 2
 constexpr size_t kMaxParts = (size_t{8} << 20) / (sizeof(float) * kPartFloats);
 
 /* How one sequence's rows are cut: heads per item and tokens per item; decode sequences (one
- * token) may instead take kv_per_item whole KV heads per item. */
+ * token) may instead take kv_per_item whole KV heads per item. An MLA forward (latent cache)
+ * takes up to kMlaMaxRows rows per item. */
 struct Shape {
   int32_t group, heads_per_item, head_chunks, tokens_per_item, kv_per_item;
 };
@@ -38,6 +39,11 @@ struct Schedule {
   int64_t items;         /* work items of the forward, item_prefix[num_seqs] */
   int64_t base_items;    /* the same without the splits, base_prefix[num_seqs] */
   bool any_split;        /* some sequence is split: run merge_item over the base items after */
+  /* A split part's layout: part_rows x part_dim accumulators, then part_rows m and l; parts are
+   * part_stride floats apart (kPartFloats; an MLA forward's are value_size wide). */
+  int32_t part_rows;
+  int32_t part_dim;
+  size_t part_stride;
 };
 
 /* Schedules forward `a` (a batch with num_tokens > 0) for `workers` threads running `target`:

@@ -5,8 +5,48 @@
 
 namespace pa_cpu {
 
+namespace {
+
+// n elements in pieces store_cache_row takes (its rows are at most kMaxHeadSize long).
+void store_run(uint32_t ti, char* dst, pagedattn_dtype ddt, const char* src, pagedattn_dtype sdt,
+               int n, float scale) {
+  const size_t desz = elem_size(ddt), sesz = elem_size(sdt);
+  for (int i = 0; i < n; i += kMaxHeadSize) {
+    const int m = n - i < kMaxHeadSize ? n - i : kMaxHeadSize;
+    store_cache_row(ti, dst + static_cast<size_t>(i) * desz, ddt,
+                    src + static_cast<size_t>(i) * sesz, sdt, m, scale);
+  }
+}
+
+// A latent cache's rows: the leading k.dim values from k, the rest from v (when given).
+void latent_rows(uint32_t ti, const pa_write_args& a, int64_t r0, int64_t r1) {
+  const pa_cache& c = *a.cache;
+  const int64_t esz = static_cast<int64_t>(elem_size(c.dtype));
+  const int64_t ksz = static_cast<int64_t>(elem_size(a.k.dtype));
+  char* base = static_cast<char*>(c.k_layers[a.layer]);
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t slot = a.slots_int64 ? static_cast<const int64_t*>(a.slots)[r]
+                                       : static_cast<const int32_t*>(a.slots)[r];
+    if (slot < 0) continue;
+    char* dst = base + (slot / c.block_size * c.block_stride + slot % c.block_size * c.slot_stride) *
+                           esz;
+    store_run(ti, dst, c.dtype, static_cast<const char*>(a.k.data) + r * a.k.row_stride * ksz,
+              a.k.dtype, a.k.dim, a.k_scale);
+    if (a.v.data != nullptr)
+      store_run(ti, dst + a.k.dim * esz, c.dtype,
+                static_cast<const char*>(a.v.data) + r * a.v.row_stride * ksz, a.v.dtype,
+                c.head_size - a.k.dim, a.k_scale);
+  }
+}
+
+}  // namespace
+
 void cache_write_rows(uint32_t target_index, const pa_write_args& a, int64_t r0, int64_t r1) {
   const pa_cache& c = *a.cache;
+  if (c.latent) {
+    latent_rows(target_index, a, r0, r1);
+    return;
+  }
   const int64_t esz = static_cast<int64_t>(elem_size(c.dtype));
   const int64_t ksz = static_cast<int64_t>(elem_size(a.k.dtype));
   const int64_t vsz = static_cast<int64_t>(elem_size(a.v.dtype));

@@ -836,6 +836,7 @@ const pa_backend_ops kOps = {
     forward,
     merge_states,
     synchronize,
+    nullptr,  // forward_mla: not yet on the GPU backends
 };
 
 }  // namespace

@@ -623,6 +623,18 @@ pagedattn_status merge_states(void* state, const pa_merge_args* a, char* msg) {
   return renamed(pa_cpu_backend_ops()->merge_states(inner(state), a, msg), msg);
 }
 
+// MLA runs on the embedded CPU backend's kernel, whose register-blocked float32 GEMMs over one
+// latent tile serve every head; it takes its own plan's lock.
+pagedattn_status forward_mla(void* state, const pa_forward_args* a, char* msg) {
+  auto* b = static_cast<Backend*>(state);
+  auto* w = static_cast<BatchWork*>(a->batch->backend_data);
+  pa_batch view = *a->batch;
+  view.backend_data = w->cpu_plan;
+  pa_forward_args args = *a;
+  args.batch = &view;
+  return renamed(pa_cpu_backend_ops()->forward_mla(b->cpu, &args, msg), msg);
+}
+
 pagedattn_status synchronize(void*, void*, char*) { return PAGEDATTN_OK; }
 
 const pa_backend_ops kOps = {
@@ -647,6 +659,7 @@ const pa_backend_ops kOps = {
     forward,
     merge_states,
     synchronize,
+    forward_mla,
 };
 
 }  // namespace

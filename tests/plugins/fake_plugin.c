@@ -112,6 +112,7 @@ static const pa_backend_ops fake_ops = {
     fake_alloc, fake_free, NULL, NULL,
     fake_write, fake_copy, fake_swap, fake_read, fake_load,
     fake_plan, fake_free_batch, fake_forward, fake_merge, fake_sync,
+    NULL, /* forward_mla */
 };
 
 FAKE_EXPORT const pa_backend_ops* pagedattn_plugin_ops(void);
