@@ -2,7 +2,7 @@
 # Runs the Python binding's tests against a build tree:
 #   bindings/python/run_tests.sh <builddir> [pytest args...]
 # Runs the C conformance runner into a temporary directory first (the Python suite must match
-# its outputs byte for byte), then pytest, then the decode and porting examples. Exit status
+# its outputs byte for byte), then pytest, then the decode, porting and MLA examples. Exit status
 # non-zero on any failure, including "no tests collected".
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -59,6 +59,10 @@ echo "python: examples/python/porting.py"
 "$python" "$root/examples/python/porting.py" > "$tmp/porting.log" 2>&1 || {
   cat "$tmp/porting.log"; echo "python: the example failed" >&2; exit 1; }
 tail -n 1 "$tmp/porting.log"
+echo "python: examples/python/mla.py"
+"$python" "$root/examples/python/mla.py" > "$tmp/mla.log" 2>&1 || {
+  cat "$tmp/mla.log"; echo "python: the example failed" >&2; exit 1; }
+tail -n 2 "$tmp/mla.log" | head -n 1
 
 # pip install (offline, from a copy so the checkout stays clean), then import from there.
 if "$python" -c "import setuptools" 2> /dev/null && "$python" -m pip --version > /dev/null 2>&1; then

@@ -44,6 +44,7 @@ const (
 	FeatureChunkedLocal   Features = 1 << 13 // AttentionOptions.AttentionChunk
 	FeatureHeadScales     Features = 1 << 14 // per-KV-head fp8 scales (AttentionOptions, KVCache.WriteScaled)
 	FeatureTreeMask       Features = 1 << 15 // speculative-decoding tree masks (BatchDesc.TreeMask)
+	FeatureMLA            Features = 1 << 16 // latent caches (CacheLatent), WriteLatent, ForwardMLA
 )
 
 // Has reports whether every bit of f is set.
@@ -68,6 +69,9 @@ type Capabilities struct {
 	// Settings is one line: what the backend chose when it was created and the value of every
 	// environment variable it read (e.g. "PAGEDATTN_CPU_SPIN_US=100").
 	Settings string
+	// LatentSizes are the latent (MLA) row sizes: bit i = row size 32*(i+1); 0 without
+	// FeatureMLA.
+	LatentSizes uint32
 }
 
 // MemoryUsage is what a backend holds at the time of the call (a snapshot while other
@@ -100,6 +104,11 @@ func (c Capabilities) SupportsBlockSize(n int) bool {
 // SupportsHeadSize reports whether head size n is supported.
 func (c Capabilities) SupportsHeadSize(n int) bool {
 	return n > 0 && n%8 == 0 && n/8 <= 32 && c.HeadSizes&(1<<(n/8-1)) != 0
+}
+
+// SupportsLatentSize reports whether latent (MLA) caches may have rows of n values.
+func (c Capabilities) SupportsLatentSize(n int) bool {
+	return n > 0 && n%32 == 0 && n/32 <= 32 && c.LatentSizes&(1<<(n/32-1)) != 0
 }
 
 // Backend is a compute backend: one device driven by one implementation. Its methods may be
@@ -259,6 +268,65 @@ func (b *Backend) Forward(a ForwardArgs) error {
 	}
 	err = cForward(bp, tp, cp, a.Layer, a.Options, a.Q, a.K, a.V, a.Out, a.LSE)
 	keepAlive(a.Q, a.K, a.V, a.Out, a.LSE, o.AlibiSlopes, o.Sinks, o.KHeadScales, o.VHeadScales)
+	return err
+}
+
+// NewMLAOptions returns the options of ForwardMLA for numHeads query heads over latent rows of
+// headSize values (the cache's, e.g. 576): one KV head, decoder, no WriteKV (an MLA forward never
+// writes the cache), scales 1.
+func NewMLAOptions(numHeads, headSize int) AttentionOptions {
+	return AttentionOptions{NumHeads: numHeads, NumKVHeads: 1, HeadSize: headSize, KScale: 1, VScale: 1}
+}
+
+// MLAForwardArgs are the arguments of one ForwardMLA. Batch, Cache, Options, QNope and Out are
+// required; a nil Batch or Cache goes to the library as NULL, which refuses it with its own
+// message.
+type MLAForwardArgs struct {
+	Batch   *Batch            // the planned step
+	Cache   *KVCache          // the latent cache (CacheLatent), holding this step's rows already
+	Layer   int               // layer of the cache
+	Options *AttentionOptions // from NewMLAOptions: NumKVHeads 1, HeadSize the rows' D, Decoder
+	QNope   *Tensor           // [tokens, H, R], already multiplied by W_UK; or whole rows [tokens, H, D] with QPE nil
+	QPE     *Tensor           // [tokens, H, D-R], the rotary part, or nil
+	Out     *Tensor           // [tokens, H, R] of the query's dtype: its last extent is the value size R
+	LSE     *Tensor           // optional float32 [tokens, H]
+}
+
+// ForwardMLA runs multi-head latent attention (MLA: DeepSeek V2/V3/R1, Kimi K2) in the absorbed
+// form over a latent cache (FeatureMLA). Every query head reads each key's latent row of D
+// values: the score is Scale * (q . row) over all D, then soft cap, masks and softmax as decoder
+// attention, and the output is the weights times the rows' leading R values. Options.KScale
+// dequantises an fp8 cache. The forward writes nothing to the cache (write the step's rows with
+// KVCache.WriteLatent first). A plain cache is refused (InvalidArgument), as Forward refuses a
+// latent one; on error nothing is written.
+func (b *Backend) ForwardMLA(a MLAForwardArgs) error {
+	if a.Options == nil || a.QNope == nil || a.Out == nil {
+		return goError(NullPointer, "Options, QNope and Out are required")
+	}
+	o := a.Options
+	if err := checkTensors(a.QNope, a.QPE, a.Out, a.LSE, o.AlibiSlopes, o.Sinks, o.KHeadScales, o.VHeadScales); err != nil {
+		return err
+	}
+	bp, err := b.handle().acquire()
+	if err != nil {
+		return err
+	}
+	defer b.h.release()
+	var tp, cp unsafe.Pointer
+	if a.Batch != nil {
+		if tp, err = a.Batch.h.acquire(); err != nil {
+			return err
+		}
+		defer a.Batch.h.release()
+	}
+	if a.Cache != nil {
+		if cp, err = a.Cache.h.acquire(); err != nil {
+			return err
+		}
+		defer a.Cache.h.release()
+	}
+	err = cForwardMLA(bp, tp, cp, a.Layer, a.Options, a.QNope, a.QPE, a.Out, a.LSE)
+	keepAlive(a.QNope, a.QPE, a.Out, a.LSE, o.AlibiSlopes, o.Sinks, o.KHeadScales, o.VHeadScales)
 	return err
 }
 

@@ -14,19 +14,30 @@ const (
 	HND Layout = 1 // [block][head][slot][dim]
 )
 
-// CacheHost places a cache in (pinned) host memory owned by the backend, for swaps.
-const CacheHost uint32 = 1
+// Cache flags.
+const (
+	// CacheHost places a cache in (pinned) host memory owned by the backend, for swaps.
+	CacheHost uint32 = 1
+	// CacheLatent makes a latent cache for multi-head latent attention (MLA: DeepSeek V2/V3/R1,
+	// Kimi K2; FeatureMLA): one row of HeadSize values per token and layer (kv_lora_rank values,
+	// then the rotary key: 576 = 512 + 64 for DeepSeek V3) shared by every query head, with
+	// NumKVHeads 1. Written by KVCache.WriteLatent, read by Backend.ForwardMLA.
+	CacheLatent uint32 = 2
+)
 
 // CacheDesc is a cache's geometry.
 type CacheDesc struct {
 	NumLayers, NumBlocks, BlockSize, NumKVHeads, HeadSize int
 	DType                                                 DType
 	Layout                                                Layout
-	Flags                                                 uint32 // CacheHost
+	Flags                                                 uint32 // CacheHost, CacheLatent
 }
 
-// BytesPerBlock returns the bytes one block takes across all layers, K and V (also one block's
-// record in ReadBlocks output).
+// Latent reports whether d describes a latent (MLA) cache.
+func (d CacheDesc) Latent() bool { return d.Flags&CacheLatent != 0 }
+
+// BytesPerBlock returns the bytes one block takes across all layers, K and V (a latent cache's
+// rows once; also one block's record in ReadBlocks output).
 func (d CacheDesc) BytesPerBlock() (uint64, error) { return cBytesPerBlock(d) }
 
 // LayerMemory is one layer's K and V base addresses and element strides (block, slot, head).
@@ -63,16 +74,21 @@ func NewKVCache(be *Backend, desc CacheDesc) (*KVCache, error) {
 }
 
 // WrapKVCache creates a cache over memory the Go runtime does not manage (C.malloc, mmap, GPU
-// memory): one base address per layer for K and for V, element strides (block, slot, head; zeros
-// = compact) and the memory's device. The memory must stay valid until the cache is closed.
+// memory): one base address per layer for K and for V (a latent cache: its rows in kLayers, and
+// vLayers nil), element strides (block, slot, head; zeros = compact) and the memory's device. The
+// memory must stay valid until the cache is closed.
 func WrapKVCache(be *Backend, desc CacheDesc, kLayers, vLayers []unsafe.Pointer, strides [3]int64, device Device) (*KVCache, error) {
-	if len(kLayers) != desc.NumLayers || len(vLayers) != desc.NumLayers {
+	noV := desc.Latent() && len(vLayers) == 0
+	if len(kLayers) != desc.NumLayers || (len(vLayers) != desc.NumLayers && !noV) {
 		return nil, goError(InvalidArgument, "%d K and %d V layer pointers for %d layers", len(kLayers), len(vLayers), desc.NumLayers)
 	}
 	k := make([]uintptr, len(kLayers))
 	v := make([]uintptr, len(vLayers))
 	for i := range kLayers {
-		k[i], v[i] = uintptr(kLayers[i]), uintptr(vLayers[i])
+		k[i] = uintptr(kLayers[i])
+	}
+	for i := range vLayers {
+		v[i] = uintptr(vLayers[i])
 	}
 	bp, err := be.handle().acquire()
 	if err != nil {
@@ -162,6 +178,29 @@ func (c *KVCache) WriteScaled(layer int, key, value, slots, kHeadScales, vHeadSc
 	defer c.h.release()
 	err = cCacheWriteScaled(p, layer, key, value, slots, kHeadScales, vHeadScales, configure(opts).stream)
 	keepAlive(key, value, slots, kHeadScales, vHeadScales)
+	return err
+}
+
+// WriteLatent is reshape-and-cache for a latent (MLA) cache (vLLM's concat_and_cache_mla): it
+// stores the row [kvC[t], kPE[t]] at slots[t] (1-D int32/int64; -1 = padding) of layer. kvC is
+// [T, R] (the kv_lora_rank values) and kPE [T, D-R] (the rotary key), each 2-D or 3-D with a
+// middle extent of 1; or kPE is nil and kvC holds whole rows, [T, D]. An fp8 cache stores
+// fp8(x / scale); other caches ignore scale. A plain cache is refused (InvalidArgument), as Write
+// refuses a latent one; on error nothing is written.
+func (c *KVCache) WriteLatent(layer int, kvC, kPE, slots *Tensor, scale float32, opts ...CallOption) error {
+	if kvC == nil || slots == nil {
+		return goError(NullPointer, "kvC and slots are required")
+	}
+	if err := checkTensors(kvC, kPE, slots); err != nil {
+		return err
+	}
+	p, err := c.handle().acquire()
+	if err != nil {
+		return err
+	}
+	defer c.h.release()
+	err = cCacheWriteLatent(p, layer, kvC, kPE, slots, scale, configure(opts).stream)
+	keepAlive(kvC, kPE, slots)
 	return err
 }
 

@@ -161,6 +161,14 @@ static pagedattn_status go_cache_write_scaled(pagedattn_kv_cache* c, int32_t lay
                                                  go_fill(&tvs, vs, vsd), stream), err);
 }
 
+static pagedattn_status go_cache_write_latent(pagedattn_kv_cache* c, int32_t layer, go_tensor* kc, void* kcd,
+                                              go_tensor* pe, void* ped, go_tensor* s, void* sd, float scale,
+                                              void* stream, char* err) {
+  pagedattn_tensor tkc, tpe, ts;
+  return go_keep(pagedattn_kv_cache_write_latent(c, layer, go_fill(&tkc, kc, kcd), go_fill(&tpe, pe, ped),
+                                                 go_fill(&ts, s, sd), scale, stream), err);
+}
+
 static pagedattn_status go_copy_blocks(pagedattn_kv_cache* c, int32_t* pairs, size_t n, void* stream,
                                        char* err) {
   return go_keep(pagedattn_kv_cache_copy_blocks(c, pairs, n, stream), err);
@@ -273,6 +281,22 @@ typedef struct {
   uint32_t flags;
 } go_options;
 
+static void go_options_fill(pagedattn_attention_options* opts, go_options* g) {
+  pagedattn_attention_options_init_sized(opts, sizeof *opts);
+  opts->num_heads = g->num_heads;
+  opts->num_kv_heads = g->num_kv_heads;
+  opts->head_size = g->head_size;
+  opts->scale = g->scale;
+  opts->soft_cap = g->soft_cap;
+  opts->sliding_window = g->sliding_window;
+  opts->attention_type = (pagedattn_attention_type)g->attention_type;
+  opts->write_kv = g->write_kv;
+  opts->k_scale = g->k_scale;
+  opts->v_scale = g->v_scale;
+  opts->flags = g->flags;
+  opts->attention_chunk = g->attention_chunk;
+}
+
 // The option tensors (ALiBi slopes, sinks, K and V head scales) come as descriptor and data pairs.
 static pagedattn_status go_forward(pagedattn_backend* be, pagedattn_batch* b, pagedattn_kv_cache* c,
                                    int32_t layer, go_options* g, go_tensor* al, void* ald,
@@ -282,19 +306,7 @@ static pagedattn_status go_forward(pagedattn_backend* be, pagedattn_batch* b, pa
                                    void* vd, go_tensor* o, void* od, go_tensor* l, void* ld,
                                    void* stream, char* err) {
   pagedattn_attention_options opts;
-  pagedattn_attention_options_init_sized(&opts, sizeof opts);
-  opts.num_heads = g->num_heads;
-  opts.num_kv_heads = g->num_kv_heads;
-  opts.head_size = g->head_size;
-  opts.scale = g->scale;
-  opts.soft_cap = g->soft_cap;
-  opts.sliding_window = g->sliding_window;
-  opts.attention_type = (pagedattn_attention_type)g->attention_type;
-  opts.write_kv = g->write_kv;
-  opts.k_scale = g->k_scale;
-  opts.v_scale = g->v_scale;
-  opts.flags = g->flags;
-  opts.attention_chunk = g->attention_chunk;
+  go_options_fill(&opts, g);
   pagedattn_tensor ta, ts, tkh, tvh, tq, tk, tv, to, tl;
   opts.alibi_slopes = go_fill(&ta, al, ald);
   opts.sinks = go_fill(&ts, sk, skd);
@@ -303,6 +315,25 @@ static pagedattn_status go_forward(pagedattn_backend* be, pagedattn_batch* b, pa
   return go_keep(pagedattn_forward(be, b, c, layer, &opts, go_fill(&tq, q, qd), go_fill(&tk, k, kd),
                                    go_fill(&tv, v, vd), go_fill(&to, o, od), go_fill(&tl, l, ld),
                                    stream), err);
+}
+
+// As go_forward, with q_nope and q_pe in place of q, k and v.
+static pagedattn_status go_forward_mla(pagedattn_backend* be, pagedattn_batch* b, pagedattn_kv_cache* c,
+                                       int32_t layer, go_options* g, go_tensor* al, void* ald,
+                                       go_tensor* sk, void* skd, go_tensor* kh, void* khd,
+                                       go_tensor* vh, void* vhd, go_tensor* qn, void* qnd,
+                                       go_tensor* qp, void* qpd, go_tensor* o, void* od, go_tensor* l,
+                                       void* ld, void* stream, char* err) {
+  pagedattn_attention_options opts;
+  go_options_fill(&opts, g);
+  pagedattn_tensor ta, ts, tkh, tvh, tqn, tqp, to, tl;
+  opts.alibi_slopes = go_fill(&ta, al, ald);
+  opts.sinks = go_fill(&ts, sk, skd);
+  opts.k_head_scales = go_fill(&tkh, kh, khd);
+  opts.v_head_scales = go_fill(&tvh, vh, vhd);
+  return go_keep(pagedattn_forward_mla(be, b, c, layer, &opts, go_fill(&tqn, qn, qnd),
+                                       go_fill(&tqp, qp, qpd), go_fill(&to, o, od),
+                                       go_fill(&tl, l, ld), stream), err);
 }
 
 static pagedattn_status go_merge(pagedattn_backend* be, go_tensor* o, void* od, go_tensor* lo, void* lod,
@@ -457,8 +488,9 @@ func cCapabilities(p unsafe.Pointer) (Capabilities, error) {
 		MaxNumThreads: int(c.max_num_threads),
 		TotalMemory:   uint64(c.total_memory),
 		// Copied while the caller holds the backend, which owns them.
-		Target:   C.GoString(c.target),
-		Settings: C.GoString(c.settings),
+		Target:      C.GoString(c.target),
+		Settings:    C.GoString(c.settings),
+		LatentSizes: uint32(c.latent_sizes),
 	}, nil
 }
 
@@ -662,6 +694,20 @@ func cCacheWriteScaled(p unsafe.Pointer, layer int, k, v, slots, ks, vs *Tensor,
 	return result(st, &e)
 }
 
+func cCacheWriteLatent(p unsafe.Pointer, layer int, kvC, kPE, slots *Tensor, scale float32, stream unsafe.Pointer) error {
+	var e errBuf
+	cd, cp := cTensor(kvC)
+	pd, pp := cTensor(kPE)
+	sd, sp := cTensor(slots)
+	var ck ints
+	l := ck.i32("layer", layer)
+	if ck.err != nil {
+		return ck.err
+	}
+	st := C.go_cache_write_latent((*C.pagedattn_kv_cache)(p), l, cd, cp, pd, pp, sd, sp, C.float(scale), stream, e.ptr())
+	return result(st, &e)
+}
+
 func pairsPtr(pairs [][2]int32) *C.int32_t {
 	if len(pairs) == 0 {
 		return nil
@@ -839,9 +885,9 @@ func cBatchQueryStart(p unsafe.Pointer) ([]int32, error) {
 	return res, nil
 }
 
-func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q, k, v, out, lse *Tensor) error {
-	var e errBuf
-	var ck ints
+// goOptions converts the options into their pointer-free C form, keeping the first int that does
+// not fit in ck.
+func goOptions(o *AttentionOptions, ck *ints) C.go_options {
 	g := C.go_options{
 		num_heads: ck.i32("NumHeads", o.NumHeads), num_kv_heads: ck.i32("NumKVHeads", o.NumKVHeads),
 		head_size: ck.i32("HeadSize", o.HeadSize), sliding_window: ck.i32("SlidingWindow", o.SlidingWindow),
@@ -852,6 +898,13 @@ func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q
 	if o.WriteKV {
 		g.write_kv = 1
 	}
+	return g
+}
+
+func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q, k, v, out, lse *Tensor) error {
+	var e errBuf
+	var ck ints
+	g := goOptions(o, &ck)
 	ad, ap := cTensor(o.AlibiSlopes)
 	sd, sp := cTensor(o.Sinks)
 	khd, khp := cTensor(o.KHeadScales)
@@ -867,6 +920,27 @@ func cForward(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, q
 	}
 	st := C.go_forward((*C.pagedattn_backend)(be), (*C.pagedattn_batch)(batch), (*C.pagedattn_kv_cache)(cache),
 		l, &g, ad, ap, sd, sp, khd, khp, vhd, vhp, qd, qp, kd, kp, vd, vp, od, op, ld, lp, o.Stream, e.ptr())
+	return result(st, &e)
+}
+
+func cForwardMLA(be, batch, cache unsafe.Pointer, layer int, o *AttentionOptions, qNope, qPE, out, lse *Tensor) error {
+	var e errBuf
+	var ck ints
+	g := goOptions(o, &ck)
+	ad, ap := cTensor(o.AlibiSlopes)
+	sd, sp := cTensor(o.Sinks)
+	khd, khp := cTensor(o.KHeadScales)
+	vhd, vhp := cTensor(o.VHeadScales)
+	qnd, qnp := cTensor(qNope)
+	qpd, qpp := cTensor(qPE)
+	od, op := cTensor(out)
+	ld, lp := cTensor(lse)
+	l := ck.i32("layer", layer)
+	if ck.err != nil {
+		return ck.err
+	}
+	st := C.go_forward_mla((*C.pagedattn_backend)(be), (*C.pagedattn_batch)(batch), (*C.pagedattn_kv_cache)(cache),
+		l, &g, ad, ap, sd, sp, khd, khp, vhd, vhp, qnd, qnp, qpd, qpp, od, op, ld, lp, o.Stream, e.ptr())
 	return result(st, &e)
 }
 

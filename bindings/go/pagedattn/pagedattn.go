@@ -6,8 +6,9 @@
 // directive at a local checkout (see README.md beside go.mod).
 //
 // A Backend creates KVCaches and plans Batches; Backend.Forward runs one layer of attention
-// (its arguments in a ForwardArgs) and Backend.MergeStates combines partial results. Every
-// handle has Close (a second Close, or any use after Close, returns an *Error instead of
+// (its arguments in a ForwardArgs), Backend.ForwardMLA multi-head latent attention over a latent
+// cache (CacheLatent: DeepSeek V2/V3, Kimi K2) and Backend.MergeStates combines partial results.
+// Every handle has Close (a second Close, or any use after Close, returns an *Error instead of
 // crashing) and a finalizer as a safety net. Every failure is an *Error carrying the library's
 // status code and message. Host tensors are Go slices wrapped by Float32Tensor, BFloat16Tensor,
 // Float16Tensor or HostTensor, which defer a bad description's error to the call that uses the

@@ -9,8 +9,10 @@ Tensors are numpy arrays (float32, float16, ``ml_dtypes.bfloat16`` when ml_dtype
 int32/int64 for slots), :class:`BFloat16Array` (numpy ``uint16`` holding bfloat16 bits), or any
 object with ``__dlpack__`` (a torch tensor, zero copy). Outputs the binding allocates follow the
 inputs' array type (numpy in, numpy out; torch in, torch out). :func:`forward` and
-:func:`merge_states` return ``out``, or ``(out, lse)`` when an lse is requested. Every failing
-call raises :class:`PagedAttnError` carrying the :class:`Status` and the library's message.
+:func:`merge_states` return ``out``, or ``(out, lse)`` when an lse is requested, as does
+:func:`forward_mla` (multi-head latent attention over a ``KVCache(..., latent=True)``). Every
+failing call raises :class:`PagedAttnError` carrying the :class:`Status` and the library's
+message.
 
 Example (one decode step)::
 
@@ -22,7 +24,7 @@ Example (one decode step)::
         out = pa.forward(be, batch, cache, 0, q, k, v)   # q [2, 8, 64], k/v [2, 2, 64] float32
 """
 
-from ._attention import forward, merge_states
+from ._attention import forward, forward_mla, merge_states
 from ._backend import Backend, BackendInfo, Capabilities, MemoryUsage, backends
 from ._batch import Batch, BatchInfo, pack_tree_masks
 from ._cache import CacheDesc, KVCache, bytes_per_block
@@ -52,6 +54,7 @@ __all__ = [
     "Layout", "LogLevel", "MemoryUsage", "PagedAttnError", "PagedAttnTypeError",
     "PagedAttnValueError", "Status", "backends", "bytes_per_block", "dtype_from_dlpack",
     "dtype_name", "dtype_size", "dtype_to_dlpack",
-    "forward", "from_bfloat16", "last_error", "library_path", "log_to_logging", "merge_states",
+    "forward", "forward_mla", "from_bfloat16", "last_error", "library_path", "log_to_logging",
+    "merge_states",
     "pack_tree_masks", "set_log_callback", "status_string", "to_bfloat16", "version", "version_string",
 ]

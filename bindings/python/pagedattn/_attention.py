@@ -1,6 +1,7 @@
-"""Attention: :func:`forward` (one layer over a planned batch) and :func:`merge_states`.
+"""Attention: :func:`forward` (one layer over a planned batch), :func:`forward_mla` (multi-head
+latent attention over a latent cache) and :func:`merge_states`.
 
-Both follow one rule for what they return: ``out`` alone when no log-sum-exp is requested, the
+All follow one rule for what they return: ``out`` alone when no log-sum-exp is requested, the
 pair ``(out, lse)`` when one is (``True`` to allocate it, or a tensor to write into). Tensors the
 binding allocates follow the inputs' array type: numpy (ml_dtypes included) in, numpy out; a
 :class:`BFloat16Array` in, a :class:`BFloat16Array` out (lse is always float32 numpy); torch in,
@@ -174,6 +175,97 @@ def forward(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], 
     return (out, lse) if want_lse else out
 
 
+def forward_mla(backend: Backend, batch: Optional[Batch], cache: Optional[KVCache], layer: int,
+                q_nope: Any, q_pe: Any = None, *, out: Any = None, lse: Any = False,
+                value_size: Optional[int] = None, num_heads: Optional[int] = None,
+                head_size: Optional[int] = None, scale: float = 0.0, soft_cap: float = 0.0,
+                sliding_window: int = 0, k_scale: float = 1.0, alibi_slopes: Any = None,
+                sinks: Any = None, attention_chunk: int = 0,
+                stream: Optional[int] = None) -> Any:
+    """Multi-head latent attention (MLA: DeepSeek V2/V3/R1, Kimi K2) in the absorbed form over a
+    latent cache (``pagedattn_forward_mla``; ``Feature.MLA``).
+
+    Every query head reads each key's one latent row of D values (R values of ``kv_c``, then
+    D - R of rotary key, as :meth:`KVCache.write_latent` stored them): the score is
+    ``scale * (q . row)`` over all D values, then soft cap, masks and softmax as decoder
+    attention, and the output is the weights times the rows' leading R values.
+
+    Args:
+        backend, batch, cache, layer: what to run; ``cache`` must be latent (a plain cache is
+            refused with ``INVALID_ARGUMENT``, as :func:`forward` refuses a latent one).
+        q_nope: ``[num_tokens, H, R]``, the query's no-rope part already multiplied by W_UK;
+            q_pe: ``[num_tokens, H, D - R]``. Or ``q_pe`` None and ``q_nope`` holding whole
+            rows, ``[num_tokens, H, D]``. Same tensor types as :func:`forward`.
+        out: ``[num_tokens, H, R]`` of q's dtype; if None, allocated like ``q_nope``.
+        lse: as :func:`forward`.
+        value_size: R, for allocating ``out``; default ``q_nope``'s last extent when ``q_pe``
+            is given, else ``out``'s (so whole rows need ``out`` or ``value_size``).
+        num_heads: default from ``q_nope``'s shape; head_size: D, default the cache's.
+        scale: score scale (0 = 1/sqrt(D); DeepSeek's models pass their own softmax scale).
+        soft_cap, sliding_window, attention_chunk, alibi_slopes, sinks: as :func:`forward`.
+        k_scale: dequantises an fp8 latent cache.
+        stream: as :func:`forward`.
+
+    The forward writes nothing to the cache: write the step's rows with
+    :meth:`KVCache.write_latent` first.
+
+    Returns:
+        ``out``, or ``(out, lse)`` when ``lse`` is requested (the rule of :func:`forward`).
+
+    Raises:
+        PagedAttnError: with the library's status and message (``UNSUPPORTED`` for a value size
+            the backend lacks for D); nothing is written on failure.
+        ValueError: whole rows without ``out`` or ``value_size``, or a q that is not 3-D.
+        TypeError, OverflowError: integer arguments, as :func:`forward`.
+    """
+    bh = backend._handle()
+    batch_h = None if batch is None else batch._handle()
+    cache_h = None if cache is None else cache._handle()
+    layer = checked_int(layer, "int32", "layer")
+    sliding_window = checked_int(sliding_window, "int32", "sliding_window")
+    attention_chunk = checked_int(attention_chunk, "int32", "attention_chunk")
+    stream = stream_arg(stream)
+    gpu = backend._gpu
+    qa, qkeep = describe(q_nope, "q_nope", False, gpu, stream)
+    q_shape = q_nope.shape if type(q_nope) is np.ndarray else shape_of(q_nope, qa)
+    if len(q_shape) != 3:
+        raise ValueError(f"q_nope: expected [num_tokens, H, R], got shape {tuple(q_shape)}")
+    pa_, pkeep = (None, None) if q_pe is None else describe(q_pe, "q_pe", False, gpu, stream)
+    H = checked_int(num_heads if num_heads is not None else q_shape[1], "int32", "num_heads")
+    if head_size is None:
+        if cache is not None:
+            head_size = cache._geometry.head_size
+        elif q_pe is None:
+            head_size = q_shape[2]
+        else:
+            pe_shape = q_pe.shape if type(q_pe) is np.ndarray else shape_of(q_pe, pa_)
+            head_size = q_shape[2] + pe_shape[-1]
+    D = checked_int(head_size, "int32", "head_size")
+    if out is None:
+        if value_size is None:
+            if q_pe is None:
+                raise ValueError("forward_mla: with whole query rows (q_pe None) pass out= or "
+                                 "value_size=")
+            value_size = q_shape[2]
+        out = empty_like(q_nope, (q_shape[0], H, checked_int(value_size, "int32", "value_size")))
+    oa, okeep = describe(out, "out", True, gpu, stream)
+    la = lkeep = None
+    want_lse = _lse_requested(lse)
+    if lse is True:
+        lse = empty_float32_like(q_nope, (q_shape[0], H), "lse")
+    if want_lse:
+        la, lkeep = describe(lse, "lse", True, gpu, stream)
+    alibi, akeep = float32_vector(alibi_slopes, "alibi_slopes", gpu, stream)
+    sk, skeep = float32_vector(sinks, "sinks", gpu, stream)
+    options, options_addr = _options((H, 1, D, scale, soft_cap, sliding_window,
+                                      int(AttentionType.DECODER), 0, k_scale, 1.0,
+                                      attention_chunk), alibi, sk)
+    _check(_lib().pagedattn_forward_mla(bh, batch_h, cache_h, layer, options_addr, qa, pa_, oa,
+                                        la, stream))
+    del qkeep, pkeep, okeep, lkeep, akeep, skeep, options  # alive until the call returned
+    return (out, lse) if want_lse else out
+
+
 def merge_states(backend: Backend, o1: Any, lse1: Any, o2: Any, lse2: Any, *, out: Any = None,
                  lse_out: Any = True, stream: Optional[int] = None) -> Any:
     """Merges two partial attention states over disjoint key sets into the exact result
@@ -217,4 +309,4 @@ def merge_states(backend: Backend, o1: Any, lse1: Any, o2: Any, lse2: Any, *, ou
     return (out, lse_out) if want_lse else out
 
 
-__all__ = ["forward", "merge_states"]
+__all__ = ["forward", "forward_mla", "merge_states"]

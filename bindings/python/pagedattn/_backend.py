@@ -43,6 +43,8 @@ class Capabilities:
     total_memory: int
     target: str    # the SIMD target (CPU; as PAGEDATTN_CPU_TARGET spells it) or architecture
     settings: str  # every choice made at creation and every environment variable read
+    # Latent (MLA) row sizes, ascending; empty without Feature.MLA.
+    latent_sizes: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ class Backend(_Handle):
                 total_memory=c.total_memory,
                 target=(c.target or b"").decode(),
                 settings=(c.settings or b"").decode("utf-8", "replace"),
+                latent_sizes=tuple(32 * (i + 1) for i in range(32) if c.latent_sizes & (1 << i)),
             )
         return self._caps
 
@@ -153,6 +156,12 @@ class Backend(_Handle):
         """Same as :func:`forward` with this backend."""
         from ._attention import forward  # imported here: _attention imports Backend
         return forward(self, batch, cache, layer, q, k, v, **kwargs)
+
+    def forward_mla(self, batch: Optional["Batch"], cache: Optional["KVCache"], layer: int,
+                    q_nope: Any, q_pe: Any = None, **kwargs: Any) -> Any:
+        """Same as :func:`forward_mla` with this backend."""
+        from ._attention import forward_mla
+        return forward_mla(self, batch, cache, layer, q_nope, q_pe, **kwargs)
 
     def merge_states(self, o1: Any, lse1: Any, o2: Any, lse2: Any, **kwargs: Any) -> Any:
         """Same as :func:`merge_states` with this backend."""

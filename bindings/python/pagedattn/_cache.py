@@ -1,5 +1,5 @@
 """KV caches: :class:`CacheDesc`, :func:`bytes_per_block` and :class:`KVCache` (create, wrap,
-write, block copies, swaps, reads and loads)."""
+write, latent (MLA) writes, block copies, swaps, reads and loads)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from ._handle import _Handle
 from ._status import PagedAttnError, _check, _lib
 from ._tensor import (_i32p, as_tensor, checked_int, describe, float32_vector, int_array,
                       stream_arg)
-from ._types import KV_CACHE_HOST, Dtype, Layout, dtype_arg, dtype_from_dlpack, enum_arg
+from ._types import (KV_CACHE_HOST, KV_CACHE_LATENT, Dtype, Layout, dtype_arg, dtype_from_dlpack,
+                     enum_arg)
 
 # The C type of each pagedattn_kv_cache_desc field, checked before it is stored.
 _DESC_FIELDS = (("num_layers", "int32"), ("num_blocks", "int32"), ("block_size", "int32"),
@@ -36,6 +37,11 @@ class CacheDesc:
     layout: Layout
     flags: int = 0
 
+    @property
+    def latent(self) -> bool:
+        """Whether this is a latent (MLA) cache: one row of ``head_size`` values per token."""
+        return bool(self.flags & KV_CACHE_LATENT)
+
     def _struct(self) -> _ffi.KVCacheDescStruct:
         values = [checked_int(getattr(self, f), ctype, f) for f, ctype in _DESC_FIELDS]
         d = _ffi.KVCacheDescStruct()
@@ -54,8 +60,9 @@ class CacheDesc:
 
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_size: int,
-                    dtype: Dtype, layout: Layout = Layout.NHD) -> int:
-    """Bytes one block takes across all layers, K and V, so a pool can be sized from memory.
+                    dtype: Dtype, layout: Layout = Layout.NHD, *, latent: bool = False) -> int:
+    """Bytes one block takes across all layers, K and V, so a pool can be sized from memory
+    (``latent=True``: an MLA cache, whose rows count once).
 
     Raises:
         TypeError, OverflowError: an argument that is not an integer or does not fit its C field
@@ -63,7 +70,8 @@ def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_si
     """
     return CacheDesc(num_layers, 1, block_size, num_kv_heads, head_size,
                      dtype_arg(dtype),
-                     enum_arg(Layout, layout, "layout")).bytes_per_block
+                     enum_arg(Layout, layout, "layout"),
+                     KV_CACHE_LATENT if latent else 0).bytes_per_block
 
 
 def _pairs_array(pairs: Any) -> np.ndarray:
@@ -101,6 +109,10 @@ class KVCache(_Handle):
             a numpy / ml_dtypes dtype or a torch dtype.
         layout: :class:`Layout` (NHD by default).
         host: allocate pinned host memory of a GPU backend (a swap target).
+        latent: a latent cache for multi-head latent attention (MLA: DeepSeek V2/V3/R1, Kimi
+            K2; ``Feature.MLA``): one row of ``head_size`` values per token (``kv_lora_rank``
+            values, then the rotary key: 576 = 512 + 64 for DeepSeek V3), ``num_kv_heads=1``.
+            Written by :meth:`write_latent`, read by :func:`forward_mla`.
 
     Raises:
         PagedAttnError: ``UNSUPPORTED`` (head/block size or dtype), ``INVALID_ARGUMENT``,
@@ -113,11 +125,11 @@ class KVCache(_Handle):
 
     def __init__(self, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
                  num_kv_heads: int, head_size: int, dtype: Union[Dtype, str],
-                 layout: Layout = Layout.NHD, host: bool = False) -> None:
+                 layout: Layout = Layout.NHD, host: bool = False, latent: bool = False) -> None:
         bh = backend._handle()
+        flags = (KV_CACHE_HOST if host else 0) | (KV_CACHE_LATENT if latent else 0)
         desc = CacheDesc(num_layers, num_blocks, block_size, num_kv_heads, head_size,
-                         dtype_arg(dtype), enum_arg(Layout, layout, "layout"),
-                         KV_CACHE_HOST if host else 0)._struct()
+                         dtype_arg(dtype), enum_arg(Layout, layout, "layout"), flags)._struct()
         out = ctypes.c_void_p()
         _check(_lib().pagedattn_kv_cache_create(ctypes.byref(out), bh, ctypes.byref(desc)))
         self._adopt(out.value, backend, None)
@@ -137,10 +149,11 @@ class KVCache(_Handle):
     @classmethod
     def create(cls, backend: Backend, *, num_layers: int, num_blocks: int, block_size: int,
                num_kv_heads: int, head_size: int, dtype: Union[Dtype, str],
-               layout: Layout = Layout.NHD, host: bool = False) -> "KVCache":
+               layout: Layout = Layout.NHD, host: bool = False,
+               latent: bool = False) -> "KVCache":
         """Same as the constructor ``KVCache(backend, ...)``: allocates a zero-filled cache on
-        the backend's device (``host=True``: pinned host memory of a GPU backend, for swaps).
-        ``dtype`` is required.
+        the backend's device (``host=True``: pinned host memory of a GPU backend, for swaps;
+        ``latent=True``: an MLA cache). ``dtype`` is required.
 
         Raises:
             PagedAttnError: ``UNSUPPORTED`` (head/block size or dtype), ``INVALID_ARGUMENT``,
@@ -150,11 +163,12 @@ class KVCache(_Handle):
         """
         return cls(backend, num_layers=num_layers, num_blocks=num_blocks, block_size=block_size,
                    num_kv_heads=num_kv_heads, head_size=head_size, dtype=dtype, layout=layout,
-                   host=host)
+                   host=host, latent=latent)
 
     @classmethod
-    def wrap(cls, backend: Backend, k_layers: Sequence[Any], v_layers: Sequence[Any], *,
-             layout: Layout = Layout.NHD, dtype: Optional[Dtype] = None) -> "KVCache":
+    def wrap(cls, backend: Backend, k_layers: Sequence[Any], v_layers: Optional[Sequence[Any]], *,
+             layout: Layout = Layout.NHD, dtype: Optional[Dtype] = None,
+             latent: bool = False) -> "KVCache":
         """A cache over caller memory, used in place (zero copy).
 
         Each entry of ``k_layers`` / ``v_layers`` is one layer's blocks: a numpy array
@@ -165,9 +179,20 @@ class KVCache(_Handle):
         and fp8 from ``ml_dtypes.float8_e4m3fn`` / ``float8_e5m2``); fp8 caches may also pass
         ``uint8`` arrays and ``dtype=Dtype.FP8_E4M3`` or ``FP8_E5M2``. The arrays are kept
         alive by the cache.
+
+        ``latent=True`` wraps a latent (MLA) cache: ``k_layers`` hold the rows (``num_kv_heads``
+        1) and ``v_layers`` is None (a latent cache has no V).
         """
         backend._handle()  # a closed backend is INVALID_HANDLE before anything else
-        if len(k_layers) == 0 or len(k_layers) != len(v_layers):
+        if latent and v_layers is not None:
+            raise ValueError("wrap: a latent cache has no V layers: pass v_layers=None")
+        if v_layers is None and not latent:
+            raise ValueError("wrap: v_layers is None, which only a latent cache allows")
+        if v_layers is None:
+            v_layers = []
+        elif len(k_layers) != len(v_layers):
+            raise ValueError("wrap: need as many V layers as K layers, at least one")
+        if len(k_layers) == 0:
             raise ValueError("wrap: need as many V layers as K layers, at least one")
         layout = enum_arg(Layout, layout, "layout")
         args = [as_tensor(t, f"k_layers[{i}]", writable=True) for i, t in enumerate(k_layers)]
@@ -199,14 +224,16 @@ class KVCache(_Handle):
         else:
             hkv, bs, d = first.shape[1], first.shape[2], first.shape[3]
             block_s, head_s, slot_s = strides0[0], strides0[1], strides0[2]
-        desc = CacheDesc(len(k_layers), nb, bs, hkv, d, dtype, layout)._struct()
+        desc = CacheDesc(len(k_layers), nb, bs, hkv, d, dtype, layout,
+                         KV_CACHE_LATENT if latent else 0)._struct()
         n = len(k_layers)
         kptrs = (ctypes.c_void_p * n)(*[a.data_ptr for a in args[:n]])
-        vptrs = (ctypes.c_void_p * n)(*[a.data_ptr for a in args[n:]])
         mem = _ffi.KVCacheMemoryStruct()
         mem.struct_size = ctypes.sizeof(mem)
         mem.k_layers = ctypes.cast(kptrs, ctypes.POINTER(ctypes.c_void_p))
-        mem.v_layers = ctypes.cast(vptrs, ctypes.POINTER(ctypes.c_void_p))
+        if not latent:  # a latent cache passes NULL
+            vptrs = (ctypes.c_void_p * n)(*[a.data_ptr for a in args[n:]])
+            mem.v_layers = ctypes.cast(vptrs, ctypes.POINTER(ctypes.c_void_p))
         mem.block_stride, mem.slot_stride, mem.head_stride = block_s, slot_s, head_s
         mem.device = _ffi.Device(*first.device)
         out = ctypes.c_void_p()
@@ -226,6 +253,11 @@ class KVCache(_Handle):
     def bytes_per_block(self) -> int:
         """Bytes of one block over all layers, K and V (also one record of :meth:`read_blocks`)."""
         return self.desc.bytes_per_block
+
+    @property
+    def latent(self) -> bool:
+        """Whether this is a latent (MLA) cache."""
+        return self.desc.latent
 
     def layer(self, layer: int) -> Tuple[int, int, Tuple[int, int, int]]:
         """Layer ``layer``'s K and V base addresses and the (block, slot, head) element strides."""
@@ -279,6 +311,35 @@ class KVCache(_Handle):
             _check(_lib().pagedattn_kv_cache_write(h, layer, ka, va, sa, k_scale, v_scale,
                                                    stream))
         del kkeep, vkeep, skeep  # alive until the call returned
+
+    def write_latent(self, layer: int, kv_c: Any, k_pe: Any, slot_mapping: Any, *,
+                     scale: float = 1.0, stream: Optional[int] = None) -> None:
+        """Reshape-and-cache for a latent (MLA) cache (``pagedattn_kv_cache_write_latent``,
+        vLLM's ``concat_and_cache_mla``): stores the row ``[kv_c[t], k_pe[t]]`` at
+        ``slot_mapping[t]`` of ``layer`` (-1 skips a token).
+
+        ``kv_c`` is ``[T, R]`` (the ``kv_lora_rank`` values) and ``k_pe`` ``[T, D - R]`` (the
+        rotary key), each 2-D or 3-D with a middle extent of 1; or ``k_pe`` is None and ``kv_c``
+        holds whole rows, ``[T, D]``. ``slot_mapping`` as in :meth:`write`. An fp8 cache stores
+        ``fp8(x / scale)``; other caches ignore ``scale``.
+
+        Raises:
+            PagedAttnError: the library's refusals (``INVALID_ARGUMENT`` for a cache that is
+                not latent, ``OUT_OF_RANGE`` slots, ``BAD_TENSOR``...); nothing is written.
+        """
+        h = self._handle()
+        if isinstance(slot_mapping, (list, tuple)) or (
+                isinstance(slot_mapping, np.ndarray) and slot_mapping.dtype.kind in "iu"
+                and slot_mapping.dtype not in (np.int32, np.int64)):
+            slot_mapping = int_array(slot_mapping, np.int64, "slot_mapping")
+        layer = checked_int(layer, "int32", "layer")
+        stream = stream_arg(stream)
+        gpu = self.backend._gpu
+        ca, ckeep = describe(kv_c, "kv_c", False, gpu, stream)
+        pe, pkeep = (None, None) if k_pe is None else describe(k_pe, "k_pe", False, gpu, stream)
+        sa, skeep = describe(slot_mapping, "slot_mapping", False, gpu, stream)
+        _check(_lib().pagedattn_kv_cache_write_latent(h, layer, ca, pe, sa, scale, stream))
+        del ckeep, pkeep, skeep  # alive until the call returned
 
     def copy_blocks(self, pairs: Any, *, stream: Optional[int] = None) -> None:
         """Copies whole blocks (K and V, every layer): ``pairs`` is ``[(src, dst), ...]`` or a

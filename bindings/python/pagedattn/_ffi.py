@@ -69,6 +69,8 @@ class CapabilitiesStruct(ctypes.Structure):
         ("total_memory", c_uint64),
         ("target", c_char_p),
         ("settings", c_char_p),
+        # Since 0.2's MLA: bit i = latent row size 32*(i+1).
+        ("latent_sizes", c_uint32),
     ]
 
 
@@ -271,6 +273,11 @@ _PROTOTYPES = {
     ),
     # cache, layer, key, value, slot_mapping, k_head_scales, v_head_scales, stream
     "pagedattn_kv_cache_write_scaled": (_status, [c_void_p, c_int32] + [c_void_p] * 6),
+    # cache, layer, kv_c, k_pe, slot_mapping, scale, stream
+    "pagedattn_kv_cache_write_latent": (
+        _status,
+        [c_void_p, c_int32, c_void_p, c_void_p, c_void_p, c_float, c_void_p],
+    ),
     "pagedattn_kv_cache_copy_blocks": (_status, [c_void_p, _P32, c_size_t, c_void_p]),
     "pagedattn_kv_cache_swap_blocks": (_status, [c_void_p, c_void_p, _P32, c_size_t, c_void_p]),
     "pagedattn_kv_cache_read_blocks": (
@@ -309,6 +316,8 @@ _PROTOTYPES = {
     ),
     # backend, batch, cache, layer, options, q, k, v, out, lse, stream
     "pagedattn_forward": (_status, [c_void_p, c_void_p, c_void_p, c_int32] + [c_void_p] * 7),
+    # backend, batch, cache, layer, options, q_nope, q_pe, out, lse, stream
+    "pagedattn_forward_mla": (_status, [c_void_p, c_void_p, c_void_p, c_int32] + [c_void_p] * 6),
     # backend, out, lse_out, o1, lse1, o2, lse2, stream
     "pagedattn_merge_states": (_status, [c_void_p] * 8),
 }

@@ -106,9 +106,11 @@ class Feature(enum.IntFlag):
     CHUNKED_LOCAL = 1 << 13  # forward's ``attention_chunk``
     HEAD_SCALES = 1 << 14  # per-KV-head fp8 scales (forward, KVCache.write)
     TREE_MASK = 1 << 15  # speculative-decoding tree masks (Batch's ``tree_mask``)
+    MLA = 1 << 16  # latent caches and :func:`forward_mla`
 
 
 KV_CACHE_HOST = 1  # PAGEDATTN_KV_CACHE_HOST
+KV_CACHE_LATENT = 2  # PAGEDATTN_KV_CACHE_LATENT
 
 _E = TypeVar("_E", bound=enum.IntEnum)
 

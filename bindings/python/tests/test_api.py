@@ -497,6 +497,7 @@ def test_every_method_after_close_raises_invalid_handle(be: pa.Backend) -> None:
             "synchronize": lambda: cbe.synchronize(),
             "memory_usage": lambda: cbe.memory_usage(),
             "forward": lambda: cbe.forward(live_batch, live, 0, q, kv, kv),
+            "forward_mla": lambda: cbe.forward_mla(live_batch, live, 0, q[..., :32], q[..., 32:]),
             "merge_states": lambda: cbe.merge_states(o, lse, o, lse),
         },
         "KVCache": {
@@ -510,8 +511,10 @@ def test_every_method_after_close_raises_invalid_handle(be: pa.Backend) -> None:
                                             [np.zeros((4, 16, 2, 64), np.float32)]),
             "desc": lambda: cache.desc,
             "bytes_per_block": lambda: cache.bytes_per_block,
+            "latent": lambda: cache.latent,
             "layer": lambda: cache.layer(0),
             "write": lambda: cache.write(0, kv, kv, [0]),
+            "write_latent": lambda: cache.write_latent(0, kv[:, 0], None, [0]),
             "copy_blocks": lambda: cache.copy_blocks([(0, 1)]),
             "swap_blocks": lambda: cache.swap_blocks(live, [(0, 1)]),
             "read_blocks": lambda: cache.read_blocks([0]),
@@ -536,6 +539,8 @@ def test_every_method_after_close_raises_invalid_handle(be: pa.Backend) -> None:
     calls["other objects"] = {
         "forward(closed batch)": lambda: pa.forward(be, batch, live, 0, q, kv, kv),
         "forward(closed cache)": lambda: pa.forward(be, live_batch, cache, 0, q, kv, kv),
+        "forward_mla(closed batch)": lambda: pa.forward_mla(be, batch, live, 0, q, out=q),
+        "forward_mla(closed cache)": lambda: pa.forward_mla(be, live_batch, cache, 0, q, out=q),
         "swap_blocks(closed src)": lambda: live.swap_blocks(other, [(0, 1)]),
         "Batch(closed backend)": lambda: pa.Batch(cbe, live, [1], [0], [[0]]),
         "Batch(closed cache)": lambda: pa.Batch(be, cache, [1], [0], [[0]]),

@@ -32,7 +32,9 @@ pub const PAGEDATTN_FEATURE_SINKS: u32 = 4096;
 pub const PAGEDATTN_FEATURE_CHUNKED_LOCAL: u32 = 8192;
 pub const PAGEDATTN_FEATURE_HEAD_SCALES: u32 = 16384;
 pub const PAGEDATTN_FEATURE_TREE_MASK: u32 = 32768;
+pub const PAGEDATTN_FEATURE_MLA: u32 = 65536;
 pub const PAGEDATTN_KV_CACHE_HOST: u32 = 1;
+pub const PAGEDATTN_KV_CACHE_LATENT: u32 = 2;
 pub type __uint8_t = ::std::os::raw::c_uchar;
 pub type __uint16_t = ::std::os::raw::c_ushort;
 pub type __int32_t = ::std::os::raw::c_int;
@@ -167,6 +169,7 @@ pub struct pagedattn_capabilities {
     pub total_memory: u64,
     pub target: *const ::std::os::raw::c_char,
     pub settings: *const ::std::os::raw::c_char,
+    pub latent_sizes: u32,
 }
 impl Default for pagedattn_capabilities {
     fn default() -> Self {
@@ -366,6 +369,17 @@ extern "C" {
         slot_mapping: *const pagedattn_tensor,
         k_head_scales: *const pagedattn_tensor,
         v_head_scales: *const pagedattn_tensor,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> pagedattn_status;
+}
+extern "C" {
+    pub fn pagedattn_kv_cache_write_latent(
+        cache: *mut pagedattn_kv_cache,
+        layer: i32,
+        kv_c: *const pagedattn_tensor,
+        k_pe: *const pagedattn_tensor,
+        slot_mapping: *const pagedattn_tensor,
+        scale: f32,
         stream: *mut ::std::os::raw::c_void,
     ) -> pagedattn_status;
 }
@@ -579,6 +593,20 @@ extern "C" {
         q: *const pagedattn_tensor,
         k: *const pagedattn_tensor,
         v: *const pagedattn_tensor,
+        out: *mut pagedattn_tensor,
+        lse: *mut pagedattn_tensor,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> pagedattn_status;
+}
+extern "C" {
+    pub fn pagedattn_forward_mla(
+        backend: *mut pagedattn_backend,
+        batch: *const pagedattn_batch,
+        cache: *mut pagedattn_kv_cache,
+        layer: i32,
+        opts: *const pagedattn_attention_options,
+        q_nope: *const pagedattn_tensor,
+        q_pe: *const pagedattn_tensor,
         out: *mut pagedattn_tensor,
         lse: *mut pagedattn_tensor,
         stream: *mut ::std::os::raw::c_void,

@@ -112,6 +112,13 @@ impl<'a> AttentionOptions<'a> {
         AttentionOptions { num_heads, num_kv_heads, head_size, ..Default::default() }
     }
 
+    /// Defaults for [`crate::Backend::forward_mla_with`]: `num_heads` query heads over latent
+    /// rows of `head_size` (D, the cache's: 576 for DeepSeek V3), one KV head, decoder, no
+    /// `write_kv` (MLA forwards never write the cache).
+    pub fn mla(num_heads: usize, head_size: usize) -> Self {
+        AttentionOptions { num_heads, num_kv_heads: 1, head_size, write_kv: false, ..Default::default() }
+    }
+
     /// The C struct, holding the tensor descriptors it points to; an
     /// [`crate::Status::Overflow`] error when a size does not fit int32.
     pub(crate) fn to_raw(&self) -> Result<RawOptions> {
@@ -212,6 +219,80 @@ impl<'a, 'o> ForwardArgs<'a, 'o, 'static> {
         out: &'a mut TensorMut<'o>,
     ) -> Self {
         ForwardArgs { batch, cache: None, layer: 0, options, q, k: None, v: None, out, lse: None }
+    }
+}
+
+/// The arguments of one [`Backend::forward_mla_with`](crate::Backend::forward_mla_with): what
+/// `pagedattn_forward_mla` takes, by name.
+///
+/// [`MlaForwardArgs::new`] takes what every MLA forward needs (batch, latent cache, options,
+/// q_nope, out) and leaves layer 0, no q_pe (whole query rows in `q_nope`) and no lse; the
+/// setters fill them in:
+///
+/// ```no_run
+/// # use pagedattn::{AttentionOptions, Backend, Batch, KvCache, MlaForwardArgs, Tensor, TensorMut};
+/// # fn step(backend: &Backend, batch: &Batch, cache: &KvCache<'_>, q_nope: &Tensor<'_>,
+/// #         q_pe: &Tensor<'_>, out: &mut TensorMut<'_>) -> Result<(), pagedattn::Error> {
+/// let opts = AttentionOptions { scale: 0.1352, ..AttentionOptions::mla(16, 576) };
+/// for layer in 0..4 {
+///     backend.forward_mla_with(MlaForwardArgs::new(batch, cache, &opts, q_nope, out).q_pe(q_pe).layer(layer))?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// Lifetimes as [`ForwardArgs`].
+#[derive(Debug)]
+pub struct MlaForwardArgs<'a, 'o, 'l> {
+    /// The planned step.
+    pub batch: &'a Batch,
+    /// The latent cache ([`crate::CacheDesc::LATENT`]), holding this step's rows already.
+    pub cache: &'a KvCache<'a>,
+    /// Layer of the cache.
+    pub layer: usize,
+    /// Shape and options ([`AttentionOptions::mla`]): `num_kv_heads` 1, `head_size` the rows'
+    /// D, decoder; `k_scale` dequantises an fp8 cache; also the stream the work is queued on.
+    pub options: &'a AttentionOptions<'a>,
+    /// `[num_tokens, H, R]`: the query's no-rope part, already multiplied by W_UK; or, with
+    /// `q_pe` `None`, whole query rows `[num_tokens, H, D]`.
+    pub q_nope: &'a Tensor<'a>,
+    /// `[num_tokens, H, D - R]`: the query's rotary part, or `None`.
+    pub q_pe: Option<&'a Tensor<'a>>,
+    /// Output, `[num_tokens, H, R]` of q's dtype: its last extent is the value size R.
+    pub out: &'a mut TensorMut<'o>,
+    /// Optional float32 `[num_tokens, H]`: the natural log of each softmax denominator.
+    pub lse: Option<&'a mut TensorMut<'l>>,
+}
+
+impl<'a, 'o> MlaForwardArgs<'a, 'o, 'static> {
+    /// The required arguments; layer 0, no q_pe and no lse.
+    pub fn new(
+        batch: &'a Batch,
+        cache: &'a KvCache<'a>,
+        options: &'a AttentionOptions<'a>,
+        q_nope: &'a Tensor<'a>,
+        out: &'a mut TensorMut<'o>,
+    ) -> Self {
+        MlaForwardArgs { batch, cache, layer: 0, options, q_nope, q_pe: None, out, lse: None }
+    }
+}
+
+impl<'a, 'o, 'l> MlaForwardArgs<'a, 'o, 'l> {
+    /// Sets the layer of the cache.
+    pub fn layer(mut self, layer: usize) -> Self {
+        self.layer = layer;
+        self
+    }
+
+    /// Sets the query's rotary part (`q_nope` then holds the R leading values).
+    pub fn q_pe(mut self, q_pe: &'a Tensor<'a>) -> Self {
+        self.q_pe = Some(q_pe);
+        self
+    }
+
+    /// Sets the lse output.
+    pub fn lse<'m>(self, lse: &'a mut TensorMut<'m>) -> MlaForwardArgs<'a, 'o, 'm> {
+        let MlaForwardArgs { batch, cache, layer, options, q_nope, q_pe, out, .. } = self;
+        MlaForwardArgs { batch, cache, layer, options, q_nope, q_pe, out, lse: Some(lse) }
     }
 }
 

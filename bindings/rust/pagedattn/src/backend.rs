@@ -4,7 +4,7 @@ use std::ffi::CString;
 use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use crate::attention::{AttentionOptions, ForwardArgs};
+use crate::attention::{AttentionOptions, ForwardArgs, MlaForwardArgs};
 use crate::batch::Batch;
 use crate::cache::KvCache;
 use crate::tensor::{Device, Stream, Tensor, TensorMut};
@@ -93,6 +93,9 @@ impl Features {
     pub const HEAD_SCALES: Features = Features(sys::PAGEDATTN_FEATURE_HEAD_SCALES);
     /// Speculative-decoding tree masks ([`crate::BatchDesc::tree_mask`]).
     pub const TREE_MASK: Features = Features(sys::PAGEDATTN_FEATURE_TREE_MASK);
+    /// Multi-head latent attention: latent caches ([`crate::CacheDesc::LATENT`]),
+    /// [`KvCache::write_latent`] and [`Backend::forward_mla_with`].
+    pub const MLA: Features = Features(sys::PAGEDATTN_FEATURE_MLA);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Features) -> bool {
@@ -130,6 +133,9 @@ pub struct Capabilities {
     /// One line: what the backend chose when it was created and the value of every environment
     /// variable it read (e.g. "PAGEDATTN_CPU_SPIN_US=100").
     pub settings: String,
+    /// Latent (MLA) caches: bit i set = row size 32*(i+1) supported; 0 without
+    /// [`Features::MLA`].
+    pub latent_sizes: u32,
 }
 
 impl Capabilities {
@@ -151,6 +157,11 @@ impl Capabilities {
     /// Supported head sizes, ascending.
     pub fn head_size_list(&self) -> Vec<usize> {
         (0..32).filter(|i| self.head_sizes & (1 << i) != 0).map(|i| 8 * (i + 1)).collect()
+    }
+
+    /// Supported latent (MLA) row sizes, ascending.
+    pub fn latent_size_list(&self) -> Vec<usize> {
+        (0..32).filter(|i| self.latent_sizes & (1 << i) != 0).map(|i| 32 * (i + 1)).collect()
     }
 }
 
@@ -274,6 +285,7 @@ impl Backend {
             // keeps it alive while they are copied.
             target: unsafe { owned_str(caps.target) },
             settings: unsafe { owned_str(caps.settings) },
+            latent_sizes: caps.latent_sizes,
         })
     }
 
@@ -352,6 +364,56 @@ impl Backend {
         lse: Option<&mut TensorMut<'_>>,
     ) -> Result<()> {
         self.forward_with(ForwardArgs { batch, cache, layer, options, q, k, v, out, lse })
+    }
+
+    /// Multi-head latent attention (MLA: DeepSeek V2/V3/R1, Kimi K2) in the absorbed form over a
+    /// latent cache (`pagedattn_forward_mla`; [`Features::MLA`]), with the arguments in an
+    /// [`MlaForwardArgs`]. Every query head reads each key's latent row of D values: the score
+    /// is `scale * (q . row)` over all D, then soft cap, masks and softmax as decoder attention,
+    /// and the output is the weights times the rows' leading R values. The forward writes
+    /// nothing to the cache (write the step's rows with [`KvCache::write_latent`] first). A plain
+    /// cache is refused ([`Status::InvalidArgument`]), as [`Backend::forward_with`] refuses a
+    /// latent one; on error nothing is written.
+    pub fn forward_mla_with(&self, args: MlaForwardArgs<'_, '_, '_>) -> Result<()> {
+        let MlaForwardArgs { batch, cache, layer, options, q_nope, q_pe, out, lse } = args;
+        let layer = to_c_i32("layer", layer)?;
+        let opts_raw = options.to_raw()?;
+        let q_nope_raw = q_nope.as_raw();
+        let q_pe_raw = q_pe.map(Tensor::as_raw);
+        let mut out_raw = out.as_raw();
+        let mut lse_raw = lse.map(|t| t.as_raw());
+        // SAFETY: as forward_with.
+        check(unsafe {
+            sys::pagedattn_forward_mla(
+                self.as_ptr(),
+                batch.as_ptr(),
+                cache.as_ptr(),
+                layer,
+                &*opts_raw,
+                &q_nope_raw,
+                q_pe_raw.as_ref().map_or(ptr::null(), |t| t as *const _),
+                &mut out_raw,
+                lse_raw.as_mut().map_or(ptr::null_mut(), |t| t as *mut _),
+                options.stream.as_ptr(),
+            )
+        })
+    }
+
+    /// [`Backend::forward_mla_with`] with the arguments in `pagedattn_forward_mla`'s order:
+    /// `q_pe` `None` for whole query rows in `q_nope`, `lse` optional.
+    #[allow(clippy::too_many_arguments)] // mirrors pagedattn_forward_mla's arguments
+    pub fn forward_mla(
+        &self,
+        batch: &Batch,
+        cache: &KvCache<'_>,
+        layer: usize,
+        options: &AttentionOptions<'_>,
+        q_nope: &Tensor<'_>,
+        q_pe: Option<&Tensor<'_>>,
+        out: &mut TensorMut<'_>,
+        lse: Option<&mut TensorMut<'_>>,
+    ) -> Result<()> {
+        self.forward_mla_with(MlaForwardArgs { batch, cache, layer, options, q_nope, q_pe, out, lse })
     }
 
     /// Merges two partial results over disjoint key sets into the exact one

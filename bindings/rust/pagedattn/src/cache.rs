@@ -47,7 +47,7 @@ pub struct CacheDesc {
     pub dtype: DType,
     /// Block layout.
     pub layout: Layout,
-    /// `PAGEDATTN_KV_CACHE_*` flags, e.g. [`CacheDesc::HOST`].
+    /// `PAGEDATTN_KV_CACHE_*` flags: [`CacheDesc::HOST`], [`CacheDesc::LATENT`].
     pub flags: u32,
 }
 
@@ -69,6 +69,17 @@ impl Default for CacheDesc {
 impl CacheDesc {
     /// Flag: place the cache in (pinned) host memory owned by the backend, for swaps.
     pub const HOST: u32 = sys::PAGEDATTN_KV_CACHE_HOST;
+    /// Flag: a latent cache for multi-head latent attention (MLA: DeepSeek V2/V3/R1, Kimi K2;
+    /// [`crate::Features::MLA`]). Each token stores one row of `head_size` values per layer
+    /// (`kv_lora_rank` values, then the rotary key: 576 = 512 + 64 for DeepSeek V3) shared by
+    /// every query head; `num_kv_heads` must be 1. Written by [`KvCache::write_latent`], read by
+    /// [`crate::Backend::forward_mla_with`].
+    pub const LATENT: u32 = sys::PAGEDATTN_KV_CACHE_LATENT;
+
+    /// Whether [`CacheDesc::LATENT`] is set.
+    pub fn is_latent(&self) -> bool {
+        self.flags & CacheDesc::LATENT != 0
+    }
 
     pub(crate) fn to_raw(self) -> Result<sys::pagedattn_kv_cache_desc> {
         let mut raw = sys::pagedattn_kv_cache_desc::default();
@@ -85,8 +96,8 @@ impl CacheDesc {
         Ok(raw)
     }
 
-    /// Bytes one block takes across all layers, K and V; also one block's record in
-    /// [`KvCache::read_blocks`] buffers.
+    /// Bytes one block takes across all layers, K and V (a latent cache's rows once); also one
+    /// block's record in [`KvCache::read_blocks`] buffers.
     pub fn bytes_per_block(&self) -> Result<u64> {
         let raw = self.to_raw()?;
         let mut out = 0u64;
@@ -182,7 +193,8 @@ impl<'a> KvCache<'a> {
             .ok_or_else(|| Error::binding(Status::Internal, "cache call returned OK and NULL"))
     }
 
-    /// Creates a cache over host slices, used in place: one slice per layer for K and for V.
+    /// Creates a cache over host slices, used in place: one slice per layer for K and for V (a
+    /// latent cache, [`CacheDesc::LATENT`]: its rows in `k_layers` and `v_layers` empty).
     /// `strides` are element strides (block, slot, head); `None` = compact for the layout. Each
     /// slice must hold every element the strides reach; `T` must hold `desc.dtype` (`f32`,
     /// `half::f16`, `half::bf16`, `u16` for float16/bfloat16, `u8` for fp8). The slices stay
@@ -195,7 +207,8 @@ impl<'a> KvCache<'a> {
         strides: Option<[usize; 3]>,
     ) -> Result<Self> {
         check_element::<T>(desc.dtype)?;
-        if k_layers.len() != desc.num_layers || v_layers.len() != desc.num_layers {
+        let no_v = desc.is_latent() && v_layers.is_empty();
+        if k_layers.len() != desc.num_layers || (v_layers.len() != desc.num_layers && !no_v) {
             return Err(Error::binding(
                 Status::InvalidArgument,
                 format!("{} K and {} V layer slices for num_layers {}", k_layers.len(), v_layers.len(), desc.num_layers),
@@ -221,7 +234,8 @@ impl<'a> KvCache<'a> {
         unsafe { KvCache::wrap_raw(backend, desc, &k, &v, strides.unwrap_or([0; 3]), Device::CPU) }
     }
 
-    /// Creates a cache over arbitrary memory (e.g. a framework's GPU tensors).
+    /// Creates a cache over arbitrary memory (e.g. a framework's GPU tensors). A latent cache
+    /// may pass no V pointers.
     ///
     /// # Safety
     /// Each pointer must address memory on `device` holding every element the geometry and
@@ -235,7 +249,8 @@ impl<'a> KvCache<'a> {
         strides: [usize; 3],
         device: Device,
     ) -> Result<Self> {
-        if k_layers.len() != v_layers.len() || k_layers.len() != desc.num_layers {
+        let no_v = desc.is_latent() && v_layers.is_empty();
+        if (k_layers.len() != v_layers.len() && !no_v) || k_layers.len() != desc.num_layers {
             return Err(Error::binding(
                 Status::InvalidArgument,
                 format!("{} K and {} V layer pointers for num_layers {}", k_layers.len(), v_layers.len(), desc.num_layers),
@@ -245,7 +260,7 @@ impl<'a> KvCache<'a> {
         let mem = sys::pagedattn_kv_cache_memory {
             struct_size: std::mem::size_of::<sys::pagedattn_kv_cache_memory>() as u32,
             k_layers: k_layers.as_ptr(),
-            v_layers: v_layers.as_ptr(),
+            v_layers: if no_v { ptr::null() } else { v_layers.as_ptr() },
             block_stride: to_c_i64("block_stride", strides[0])?,
             slot_stride: to_c_i64("slot_stride", strides[1])?,
             head_stride: to_c_i64("head_stride", strides[2])?,
@@ -371,6 +386,44 @@ impl<'a> KvCache<'a> {
         // SAFETY: descriptors of borrowed tensors; the library validates shapes, slots and scales.
         check(unsafe {
             sys::pagedattn_kv_cache_write_scaled(self.raw.as_ptr(), layer, &k, &v, &s, at(&ks), at(&vs), stream.as_ptr())
+        })
+    }
+
+    /// Reshape-and-cache for a latent (MLA) cache (`pagedattn_kv_cache_write_latent`, vLLM's
+    /// `concat_and_cache_mla`): stores the row `[kv_c[t], k_pe[t]]` at `slot_mapping[t]` (-1 =
+    /// padding) of `layer`. `kv_c` is `[T, R]` (the `kv_lora_rank` values) and `k_pe`
+    /// `[T, D - R]` (the rotary key), each 2-D or 3-D with a middle extent of 1; or `k_pe` is
+    /// `None` and `kv_c` holds whole rows, `[T, D]`. An fp8 cache stores `fp8(x / scale)`; other
+    /// caches ignore `scale`. A plain cache is refused ([`Status::InvalidArgument`]), as
+    /// [`KvCache::write`] refuses a latent one; nothing is written on error.
+    pub fn write_latent(
+        &self,
+        layer: usize,
+        kv_c: &Tensor<'_>,
+        k_pe: Option<&Tensor<'_>>,
+        slot_mapping: &Tensor<'_>,
+        scale: f32,
+    ) -> Result<()> {
+        self.write_latent_on(Stream::DEFAULT, layer, kv_c, k_pe, slot_mapping, scale)
+    }
+
+    /// As [`KvCache::write_latent`], queued on `stream`.
+    pub fn write_latent_on(
+        &self,
+        stream: Stream,
+        layer: usize,
+        kv_c: &Tensor<'_>,
+        k_pe: Option<&Tensor<'_>>,
+        slot_mapping: &Tensor<'_>,
+        scale: f32,
+    ) -> Result<()> {
+        let layer = to_c_i32("layer", layer)?;
+        let (c, s) = (kv_c.as_raw(), slot_mapping.as_raw());
+        let pe = k_pe.map(Tensor::as_raw);
+        let pe_ptr = pe.as_ref().map_or(ptr::null(), |t| t as *const _);
+        // SAFETY: descriptors of borrowed tensors; the library validates shapes and slots.
+        check(unsafe {
+            sys::pagedattn_kv_cache_write_latent(self.raw.as_ptr(), layer, &c, pe_ptr, &s, scale, stream.as_ptr())
         })
     }
 

@@ -2,11 +2,13 @@
 //!
 //! The C API is wrapped one to one: a [`Backend`] creates [`KvCache`]s and plans [`Batch`]es;
 //! [`Backend::forward_with`] runs one layer of attention (its arguments named in a
-//! [`ForwardArgs`]) and [`Backend::merge_states`] combines partial results. Handles free
-//! themselves on drop. A backend is a shared handle that each of its caches and batches holds a
-//! clone of, so they never outlive it and an engine can own them all (`KvCache<'static>`,
-//! `Batch`); a lifetime keeps a wrapped cache from outliving the memory it borrows. Every
-//! failure is an [`Error`] carrying the library's status and message.
+//! [`ForwardArgs`]), [`Backend::forward_mla_with`] runs multi-head latent attention over a
+//! latent cache ([`CacheDesc::LATENT`], DeepSeek V2/V3, Kimi K2) and [`Backend::merge_states`]
+//! combines partial results. Handles free themselves on drop. A backend is a shared handle that
+//! each of its caches and batches holds a clone of, so they never outlive it and an engine can
+//! own them all (`KvCache<'static>`, `Batch`); a lifetime keeps a wrapped cache from outliving
+//! the memory it borrows. Every failure is an [`Error`] carrying the library's status and
+//! message.
 //!
 //! Host tensors are slices described by [`Tensor`] (inputs) and [`TensorMut`] (outputs), of
 //! `f32`, `half::f16`, `half::bf16` (feature `half`, on by default), or raw `u16` / `u8` bits
@@ -152,7 +154,7 @@ mod cache;
 mod log;
 mod tensor;
 
-pub use attention::{AttentionOptions, AttentionType, ForwardArgs};
+pub use attention::{AttentionOptions, AttentionType, ForwardArgs, MlaForwardArgs};
 pub use backend::{backends, Backend, BackendInfo, BackendOptions, Capabilities, Features, MemoryUsage};
 pub use batch::{pack_tree_masks, Batch, BatchDesc, BatchInfo};
 pub use cache::{CacheDesc, KvCache, Layout, LayerMemory};
