@@ -707,10 +707,11 @@ TEST_F(Mla, Refusals) {
   int64_t far[] = {4 * 16};
   std::memcpy(sb.host().data(), far, sizeof far);
   sb.upload();
-  if (dev.device_type == PAGEDATTN_DEVICE_CPU)
+  if (dev.device_type == PAGEDATTN_DEVICE_CPU) {
     EXPECT_TRUE(status_is(
         pagedattn_kv_cache_write_latent(lat, 0, kvc.t(), kpe.t(), &st, 1, nullptr),
         PAGEDATTN_ERROR_OUT_OF_RANGE, "slot_mapping"));
+  }
   // Swaps between a latent and a plain cache of equal geometry otherwise (rows of 64, where the
   // backend lists them).
   if (caps.latent_sizes & (1u << (64 / 32 - 1))) {
