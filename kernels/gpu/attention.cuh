@@ -85,9 +85,9 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
     float x = 0.f;
     if (r < rows_used && gi < gh && d < D) {
       const T* q = static_cast<const T*>(p.q) + (row0 + ti) * p.q_row + (h0 + gi) * p.q_head;
-      x = to_float(q[d]);
+      x = to_float(ld_global(q + d, kUseQ));
     }
-    qs[i] = x;
+    st_shared(qs + i, x);
   }
   for (int r = tid; r < R; r += NT) {
     m_s[r] = kNegInf;
@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
       const int tail = row_bytes16 - row_bytes;
       for (int i = tid; i < nk * tail; i += NT) {
         const int key = i / tail, b = row_bytes + i % tail;
-        kb[key * ROWB + b] = 0;
-        vb[key * ROWB + b] = 0;
+        st_shared(kb + key * ROWB + b, static_cast<char>(0));
+        st_shared(vb + key * ROWB + b, static_cast<char>(0));
       }
     }
   };
@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
 #pragma unroll
         for (int vi = 0; vi < NVEC; ++vi) {
           if (vi >= nvec) continue;  // (not break: a second loop exit blocks the unrolling)
-          const uint4 raw = *reinterpret_cast<const uint4*>(krow + vi * 16);
+          const uint4 raw = ld_shared(reinterpret_cast<const uint4*>(krow + vi * 16));
           float kf[NV];
           load_floats<KT, NV>(reinterpret_cast<const KT*>(&raw), kf);
 #pragma unroll
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
         if (key < nk && r < rows_used && gi < gh) {
           s = variant_logit(p, w, dots[j] * w.qk_scale, h0 + gi, kpos, pos_first + ti);
         }
-        ss[r * SS + key] = s;
+        st_shared(ss + r * SS + key, s);
       }
     }
     __syncthreads();
@@ -224,8 +224,8 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
 #pragma unroll 8
       for (int k = half; k < nk; k += kstep) {
         float vf[8];
-        load8<KT>(reinterpret_cast<const KT*>(vcol + k * ROWB), vf);
-        const float pk = pr[k];
+        load8_shared<KT>(reinterpret_cast<const KT*>(vcol + k * ROWB), vf);
+        const float pk = ld_shared(pr + k);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[u][e] = fmaf(pk, vf[e], acc[u][e]);
       }
@@ -259,13 +259,16 @@ __global__ void __launch_bounds__(NT) attention_kernel(const AttnParams p) {
     if (it.part < 0) {
       T* o = static_cast<T*>(p.out) + static_cast<int64_t>(row0 + ti) * p.o_row + h * p.o_head + d0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = from_float<T>(acc[u][e] * n.inv);
-      if (d0 == 0 && p.lse) p.lse[static_cast<int64_t>(row0 + ti) * p.lse_row + h * p.lse_head] = n.lse;
+      for (int e = 0; e < 8; ++e) st_global(o + e, from_float<T>(acc[u][e] * n.inv), kUseOut);
+      if (d0 == 0 && p.lse)
+        st_global(p.lse + static_cast<int64_t>(row0 + ti) * p.lse_row + h * p.lse_head, n.lse,
+                  kUseOut);
     } else {
       float* o = p.part_o + (static_cast<int64_t>(it.part) * p.num_heads + h) * D + d0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[e] = acc[u][e] * n.inv;
-      if (d0 == 0) p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + h] = n.lse;
+      for (int e = 0; e < 8; ++e) st_global(o + e, acc[u][e] * n.inv, kUseOut);
+      if (d0 == 0)
+        st_global(p.part_lse + static_cast<int64_t>(it.part) * p.num_heads + h, n.lse, kUseOut);
     }
   }
 }

@@ -112,8 +112,8 @@ __device__ __forceinline__ void stage_kv(const AttnParams& p, const CtaWork& w, 
           copy_unit_async(reinterpret_cast<char*>(vd) + b, vp + b, p.kv.vec);
         }
       } else {
-        *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+        st_shared(reinterpret_cast<uint4*>(kd), make_uint4(0, 0, 0, 0));
+        st_shared(reinterpret_cast<uint4*>(vd), make_uint4(0, 0, 0, 0));
       }
     }
   } else {
@@ -133,8 +133,8 @@ __device__ __forceinline__ void stage_kv(const AttnParams& p, const CtaWork& w, 
           const KT* kp = static_cast<const KT*>(p.kv.k) + koff + d0;
           const KT* vp = static_cast<const KT*>(p.kv.v) + voff + d0;
           if (aligned) {
-            kr[n] = *reinterpret_cast<const uint2*>(kp);
-            vr[n] = *reinterpret_cast<const uint2*>(vp);
+            kr[n] = ld_global(reinterpret_cast<const uint2*>(kp), kUseKV);
+            vr[n] = ld_global(reinterpret_cast<const uint2*>(vp), kUseKV);
           } else {
             memcpy(&kr[n], kp, 8);
             memcpy(&vr[n], vp, 8);
@@ -192,9 +192,9 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
       const T* src = static_cast<const T*>(p.q) + static_cast<int64_t>(w.row0 + ti) * p.q_row +
                      static_cast<int64_t>(w.h0 + gi) * p.q_head + d0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = src[e];
+      for (int e = 0; e < 8; ++e) st_shared(dst + e, ld_global(src + e, kUseQ));
     } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      st_shared(reinterpret_cast<uint4*>(dst), make_uint4(0, 0, 0, 0));
     }
   }
 
@@ -347,16 +347,18 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
         // its accumulators took from an infinite V.
         const float x = l[hr] > 0.f ? o[n][2 * hr + e] * nr.inv : 0.f * nr.inv;
         if (whole)
-          out[d] = from_float<T>(x);
+          st_global(out + d, from_float<T>(x), kUseOut);
         else
-          part[d] = x;
+          st_global(part + d, x, kUseOut);
       }
     }
     if (t4 != 0) continue;
     if (!whole)
-      p.part_lse[static_cast<int64_t>(it.part) * p.num_heads + head[hr]] = nr.lse;
+      st_global(p.part_lse + static_cast<int64_t>(it.part) * p.num_heads + head[hr], nr.lse,
+                kUseOut);
     else if (p.lse)
-      p.lse[static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head] = nr.lse;
+      st_global(p.lse + static_cast<int64_t>(qrow[hr]) * p.lse_row + head[hr] * p.lse_head,
+                nr.lse, kUseOut);
   }
 }
 

@@ -50,8 +50,18 @@ __device__ __forceinline__ void load8(const T* p, float* f) {
   }
 }
 
-// Copies `bytes` (a multiple of vec) from src to dst with accesses of vec bytes.
-__device__ __forceinline__ void copy_unit(char* dst, const char* src, int vec) {
+// load8 from shared memory (the scalar kernel's V rows), recorded as the vector loads it makes.
+template <typename T>
+__device__ __forceinline__ void load8_shared(const T* p, float* f PA_ACCESS_SITE) {
+  PA_ACCESS_NOTE(kSharedLoad, kUseOther, p, sizeof(T) == 1 ? 8 : 16);
+  if (sizeof(T) == 4) PA_ACCESS_NOTE(kSharedLoad, kUseOther, p + 4, 16);
+  load8<T>(p, f);
+}
+
+// Copies vec bytes (16, 8, 4, 2 or 1) of K/V from src (global) to dst (shared) with one access.
+__device__ __forceinline__ void copy_unit(char* dst, const char* src, int vec PA_ACCESS_SITE) {
+  PA_ACCESS_NOTE(kGlobalLoad, kUseKV, src, vec);
+  PA_ACCESS_NOTE(kSharedStore, kUseOther, dst, vec);
   switch (vec) {
     case 16: *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src); break;
     case 8: *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src); break;
@@ -66,12 +76,17 @@ __device__ __forceinline__ void copy_unit(char* dst, const char* src, int vec) {
 // the K/V buffers the scalar kernel cycles through.
 #if defined(PA_HAS_CP_ASYNC)
 constexpr int kStages = 2;
-__device__ __forceinline__ void copy_unit_async(char* dst, const char* src, int vec) {
+__device__ __forceinline__ void copy_unit_async(char* dst, const char* src,
+                                                int vec PA_ACCESS_SITE) {
+  if (vec >= 4) {
+    PA_ACCESS_NOTE(kAsyncSrc, kUseKV, src, vec);
+    PA_ACCESS_NOTE(kAsyncDst, kUseOther, dst, vec);
+  }
   switch (vec) {
     case 16: __pipeline_memcpy_async(dst, src, 16); break;
     case 8: __pipeline_memcpy_async(dst, src, 8); break;
     case 4: __pipeline_memcpy_async(dst, src, 4); break;
-    default: copy_unit(dst, src, vec); break;
+    default: copy_unit(dst, src, vec PA_ACCESS_FWD); break;
   }
 }
 __device__ __forceinline__ void async_commit() { __pipeline_commit(); }
@@ -80,8 +95,9 @@ template <int pending>
 __device__ __forceinline__ void async_wait() { __pipeline_wait_prior(pending); }
 #else
 constexpr int kStages = 1;
-__device__ __forceinline__ void copy_unit_async(char* dst, const char* src, int vec) {
-  copy_unit(dst, src, vec);
+__device__ __forceinline__ void copy_unit_async(char* dst, const char* src,
+                                                int vec PA_ACCESS_SITE) {
+  copy_unit(dst, src, vec PA_ACCESS_FWD);
 }
 __device__ __forceinline__ void async_commit() {}
 template <int pending>
@@ -91,13 +107,13 @@ __device__ __forceinline__ void async_wait() {}
 // Converts 8 key/value elements at src (aligned to 8 * sizeof(KT): a register copy of the raw
 // bytes) to T and stores them at dst (16-byte aligned).
 template <typename T, typename KT>
-__device__ __forceinline__ void stage8(T* dst, const KT* src) {
+__device__ __forceinline__ void stage8(T* dst, const KT* src PA_ACCESS_SITE) {
   float f[8];
   load8<KT>(src, f);
   __align__(16) T o[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) o[e] = from_float<T>(f[e]);
-  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(o);
+  st_shared(reinterpret_cast<uint4*>(dst), *reinterpret_cast<const uint4*>(o) PA_ACCESS_FWD);
 }
 
 }  // namespace pagedattn_gpu

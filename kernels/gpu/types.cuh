@@ -95,6 +95,57 @@ template <> __device__ __forceinline__ e5m2_t from_float<e5m2_t>(float x) {
   return r;
 }
 
+// What a global access moves, for the emulator's profile (sim/README.md, "What it counts").
+enum MemUse : int { kUseKV = 0, kUseQ = 1, kUseOut = 2, kUseOther = 3 };
+
+// The call site of an access wrapper, which the emulator's profile pairs lanes by: defaulted
+// arguments under PA_SIM, nothing on a GPU. PA_ACCESS_FWD passes a caller's site on.
+#if defined(PA_SIM)
+#define PA_ACCESS_SITE \
+  , const char *site_file = __builtin_FILE(), int site_line = __builtin_LINE()
+#define PA_ACCESS_FWD , site_file, site_line
+#define PA_ACCESS_NOTE(kind, use, p, bytes)                                                  \
+  do {                                                                                      \
+    if (::pa_sim::profiling())                                                              \
+      ::pa_sim::note_access(::pa_sim::Access::kind, (use), (p), (bytes), site_file, site_line); \
+  } while (0)
+#else
+#define PA_ACCESS_SITE
+#define PA_ACCESS_FWD
+#define PA_ACCESS_NOTE(kind, use, p, bytes) \
+  do {                                      \
+    (void)(use);                            \
+  } while (0)
+#endif
+
+// The kernels' global and shared accesses on their hot paths: the plain access on a GPU; under
+// the emulator also a record of the lane's address and width for the profile.
+template <typename V>
+__device__ __forceinline__ V ld_global(const V* p, MemUse use PA_ACCESS_SITE) {
+  PA_ACCESS_NOTE(kGlobalLoad, use, p, sizeof(V));
+  return *p;
+}
+template <typename V>
+struct same_type {
+  typedef V type;
+};
+template <typename V>
+__device__ __forceinline__ void st_global(V* p, typename same_type<V>::type v,
+                                          MemUse use PA_ACCESS_SITE) {
+  PA_ACCESS_NOTE(kGlobalStore, use, p, sizeof(V));
+  *p = v;
+}
+template <typename V>
+__device__ __forceinline__ V ld_shared(const V* p PA_ACCESS_SITE) {
+  PA_ACCESS_NOTE(kSharedLoad, 3, p, sizeof(V));
+  return *p;
+}
+template <typename V>
+__device__ __forceinline__ void st_shared(V* p, typename same_type<V>::type v PA_ACCESS_SITE) {
+  PA_ACCESS_NOTE(kSharedStore, 3, p, sizeof(V));
+  *p = v;
+}
+
 template <typename T> struct is_fp8 { static constexpr bool value = false; };
 template <> struct is_fp8<e4m3_t> { static constexpr bool value = true; };
 template <> struct is_fp8<e5m2_t> { static constexpr bool value = true; };

@@ -149,7 +149,8 @@ typedef cudaFuncAttributes gpuFuncAttributes;
 // PA_LAUNCH(kernel, grid, block, smem, stream)(args...) is kernel<<<grid, block, smem, stream>>>.
 #if defined(PA_SIM)
 #define PA_LAUNCH(k, grid, block, smem, stream) \
-  ::pa_sim::launcher(k, #k, grid, block, smem, stream, __FILE__, __LINE__, PA_WARP_SIZE)
+  ::pa_sim::launcher(k, #k, grid, block, smem, stream, __FILE__, __LINE__, PA_WARP_SIZE, \
+                     __PRETTY_FUNCTION__)
 #define PA_DYNAMIC_SHARED(align, name) char* const name = ::pa_sim::dynamic_smem()
 #else
 #define PA_LAUNCH(k, grid, block, smem, stream) k<<<grid, block, smem, stream>>>

@@ -20,6 +20,7 @@
 
 #include <boost/context/fiber.hpp>
 
+#include "profile.h"
 #include "simt.h"
 #include "stack_pool.h"
 
@@ -71,6 +72,7 @@ struct Thread {
   size_t gstride = 0;
   std::vector<Copy> open;               // cp.async copies not yet committed
   std::deque<std::vector<Copy>> groups;  // committed groups, oldest first
+  std::vector<AccessRecord> log;         // accesses in program order, while profiling
 };
 
 struct BlockRun {
@@ -81,7 +83,16 @@ struct BlockRun {
   std::vector<Thread> th;
   std::vector<float> scratch;  // 256 floats per warp
   std::vector<unsigned char> gathered;  // a gather's slots, staged before they are handed out
+  LaunchCounter* prof = nullptr;        // the launch's counters while profiling
+  std::vector<char> warp_ops;           // per warp: whether it counted an instruction
 };
+
+// Counts warp instruction `op` of the warp holding thread `linear`.
+void count_warp_op(BlockRun& br, int linear, Op op) {
+  if (!br.prof) return;
+  count_op(br.prof, op, 1);
+  br.warp_ops[linear / br.cfg->warp_size] = 1;
+}
 
 thread_local Thread* t_cur = nullptr;
 thread_local BlockRun* t_block = nullptr;
@@ -202,6 +213,8 @@ bool complete_warp(BlockRun& br, int lo, std::vector<int>& ready) {
     }
     for (int i = lo; i < hi; ++i) memcpy(br.th[i].gdst, br.gathered.data(), br.gathered.size());
   }
+  if (first->op == WarpOp::kShuffle) count_warp_op(br, lo, Op::kShuffle);
+  if (first->op == WarpOp::kSync) count_warp_op(br, lo, Op::kSyncwarp);
   if (first->op == WarpOp::kShuffle) {
     for (int i = lo; i < hi; ++i) {
       Thread& t = br.th[i];
@@ -256,6 +269,8 @@ void complete_barrier(BlockRun& br, std::vector<int>& ready) {
            first->fn);
     }
   }
+  for (int lo = 0; lo < static_cast<int>(br.th.size()); lo += br.cfg->warp_size)
+    count_warp_op(br, lo, Op::kBarrier);
   for (Thread& t : br.th) {
     t.wait = Wait::kRun;
     ready.push_back(t.linear);
@@ -322,6 +337,21 @@ void run_block(BlockRun& br, const std::function<void()>& body, std::mt19937_64&
     if (!complete_warps(br, ready)) complete_barrier(br, ready);
   }
   t_block = nullptr;
+  if (br.prof) {
+    bool active = false;
+    std::vector<const std::vector<AccessRecord>*> lanes;
+    for (int lo = 0; lo < n; lo += c.warp_size) {
+      lanes.clear();
+      bool any = br.warp_ops[lo / c.warp_size] != 0;
+      for (int i = lo; i < std::min(n, lo + c.warp_size); ++i) {
+        lanes.push_back(&br.th[i].log);
+        any = any || !br.th[i].log.empty();
+      }
+      warp_done(br.prof, lanes, any);
+      active = active || any;
+    }
+    block_done(br.prof, active);
+  }
 }
 
 // Marks the running thread as waiting at warp operation `op` of this site; the caller sets the
@@ -397,6 +427,20 @@ size_t dynamic_smem_bytes() {
   return t_block->cfg->smem;
 }
 
+void note_access(Access kind, int use, const void* addr, unsigned bytes, const char* file,
+                 int line) {
+  Thread& t = cur();
+  if (!t_block->prof) return;
+  t.log.push_back({reinterpret_cast<uintptr_t>(addr), file, line, static_cast<uint16_t>(bytes),
+                   kind, static_cast<uint8_t>(use)});
+}
+
+void note_op(Op op) {
+  Thread& t = cur();
+  if (t_block->prof && t.linear % t_block->cfg->warp_size == 0)
+    count_warp_op(*t_block, t.linear, op);
+}
+
 void async_copy(void* dst, const void* src, size_t bytes) {
   cur().open.push_back({dst, src, bytes});
 }
@@ -405,10 +449,14 @@ void async_commit() {
   Thread& t = cur();
   t.groups.push_back(std::move(t.open));
   t.open.clear();
+  if (t_block->prof && t.linear % t_block->cfg->warp_size == 0)
+    count_warp_op(*t_block, t.linear, Op::kCommit);
 }
 
 void async_wait_prior(int pending) {
   Thread& t = cur();
+  if (t_block->prof && t.linear % t_block->cfg->warp_size == 0)
+    count_warp_op(*t_block, t.linear, Op::kWait);
   while (static_cast<int>(t.groups.size()) > pending) {
     for (const Copy& cp : t.groups.front()) memcpy(cp.dst, cp.src, cp.bytes);
     t.groups.pop_front();
@@ -421,6 +469,7 @@ cudaError_t run_grid(const LaunchConfig& c, const std::function<void()>& body) {
       c.grid.y > 65535 || c.grid.z > 65535) {
     return cudaErrorInvalidConfiguration;
   }
+  LaunchCounter* const prof = profiling() ? launch_begin(c) : nullptr;
   const uint64_t seed = base_seed() ^ (0x9e3779b97f4a7c15ull * (1 + g_launches.fetch_add(1)));
   std::mt19937_64 rng(seed);
   std::vector<uint3> blocks;
@@ -434,12 +483,15 @@ cudaError_t run_grid(const LaunchConfig& c, const std::function<void()>& body) {
     br.cfg = &c;
     br.block = b;
     br.seed = seed;
+    br.prof = prof;
+    if (prof) br.warp_ops.assign((threads + c.warp_size - 1) / c.warp_size, 0);
     // Exactly the launch's bytes (16-byte aligned, as the vector accesses need), so ASan
     // reports any access past them.
     std::unique_ptr<char[]> smem(new char[c.smem]);
     br.smem = smem.get();
     run_block(br, body, rng);
   }
+  if (prof) launch_end(prof);
   return cudaSuccess;
 }
 

@@ -100,9 +100,9 @@ struct Launcher<void (*)(P...)> {
   LaunchConfig cfg;
   cudaStream_t stream;
   Launcher(void (*k)(P...), const char* name, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-           const char* file, int line, int warp)
+           const char* file, int line, int warp, const char* from)
       : kernel(k),
-        cfg{grid, block, smem, reinterpret_cast<const void*>(k), name, file, line, warp},
+        cfg{grid, block, smem, reinterpret_cast<const void*>(k), name, file, line, warp, from},
         stream(s) {}
   template <typename... A>
   void operator()(A&&... a) const {
@@ -115,8 +115,8 @@ struct Launcher<void (*)(P...)> {
 template <typename... P>
 Launcher<void (*)(P...)> launcher(void (*k)(P...), const char* name, dim3 grid, dim3 block,
                                   size_t smem, cudaStream_t s, const char* file, int line,
-                                  int warp) {
-  return Launcher<void (*)(P...)>(k, name, grid, block, smem, s, file, line, warp);
+                                  int warp, const char* from = "") {
+  return Launcher<void (*)(P...)>(k, name, grid, block, smem, s, file, line, warp, from);
 }
 
 }  // namespace pa_sim

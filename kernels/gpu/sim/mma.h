@@ -52,6 +52,7 @@ inline void require_warp32(const char* what, const char* file, int line, const c
 inline void mma_m16n8k16(bool bf16, float d[4], const uint32_t a[4], const uint32_t b[2],
                          const float c[4], const char* file, int line, const char* fn) {
   require_warp32("mma.sync needs a 32-lane warp (warp size 64 here)", file, line, fn);
+  if (profiling()) note_op(Op::kMma);
   struct Regs {
     uint32_t a[4], b[2];
     float c[4];
@@ -101,6 +102,7 @@ inline void ldmatrix_m8n8(uint32_t* r, int count, bool trans, const void* row, c
     if (!smem || p < smem || p + 16 > smem + dynamic_smem_bytes()) {
       kernel_abort("ldmatrix row address outside the block's shared memory", file, line, fn);
     }
+    if (profiling()) note_access(Access::kLdmatrix, 3, p, 16, file, line);
   }
   uint16_t rows[32][8];  // row j of matrix m is rows[8 * m + j]
   warp_gather(row, supplies ? 16 : 0, rows, sizeof rows[0], 0xffffffffu, file, line, fn);

@@ -127,6 +127,7 @@ struct LaunchConfig {
   const char* file;
   int line;
   int warp_size;
+  const char* from;  // the launching function (its __PRETTY_FUNCTION__), for the profile
 };
 PA_SIM_API cudaError_t submit(cudaStream_t s, const LaunchConfig& c, std::function<void()> body);
 

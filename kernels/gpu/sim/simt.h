@@ -49,6 +49,27 @@ PA_SIM_API void async_copy(void* dst, const void* src, size_t bytes);
 PA_SIM_API void async_commit();
 PA_SIM_API void async_wait_prior(int pending);
 
+// The profile (profile.h). While it counts, the kernels' access wrappers (kernels/gpu/types.cuh,
+// staging.cuh) name each global or shared access of a thread with its call site, and the warp
+// operations count themselves; a block's records become warp-wide requests when it ends.
+enum class Access : uint8_t {
+  kGlobalLoad,
+  kGlobalStore,
+  kAsyncSrc,  // cp.async: the global read
+  kSharedLoad,
+  kSharedStore,
+  kAsyncDst,  // cp.async: the shared-memory write
+  kLdmatrix,  // one row address of an ldmatrix (16 bytes)
+};
+enum class Op : uint8_t { kMma, kShuffle, kSyncwarp, kBarrier, kCommit, kWait, kCount };
+extern PA_SIM_API bool g_profiling;
+inline bool profiling() { return g_profiling; }
+// `use` sorts global traffic: 0 K/V, 1 queries, 2 outputs, 3 other (pagedattn_gpu::MemUse).
+PA_SIM_API void note_access(Access kind, int use, const void* addr, unsigned bytes,
+                            const char* file, int line);
+// One warp instruction `op` (called by every lane; lane 0 counts it).
+PA_SIM_API void note_op(Op op);
+
 // Runs every block of the grid (in a seeded random order) to completion.
 cudaError_t run_grid(const LaunchConfig& c, const std::function<void()>& body);
 
