@@ -238,7 +238,10 @@ void get_capabilities(void* state, pagedattn_capabilities* caps) {
                    PAGEDATTN_FEATURE_CHUNKED_PREFILL | PAGEDATTN_FEATURE_HOST_SWAP |
                    PAGEDATTN_FEATURE_GRAPH_CAPTURE | PAGEDATTN_FEATURE_WRAP_CACHE |
                    PAGEDATTN_FEATURE_SINKS | PAGEDATTN_FEATURE_CHUNKED_LOCAL |
-                   PAGEDATTN_FEATURE_HEAD_SCALES | PAGEDATTN_FEATURE_TREE_MASK;
+                   PAGEDATTN_FEATURE_HEAD_SCALES | PAGEDATTN_FEATURE_TREE_MASK |
+                   PAGEDATTN_FEATURE_MLA;
+  // Latent (MLA) caches: rows of kMlaRow (DeepSeek V2/V3, Kimi K2: 512 values + 64 rotary).
+  caps->latent_sizes = 1u << (kMlaRow / 32 - 1);
   // The dtypes and the largest head size come from instantiations.h.
 #define PA_DTYPE_BIT(CODE, ...) | PAGEDATTN_DTYPE_BIT(CODE)
   caps->dtypes = 0u PA_GPU_DTYPES(PA_DTYPE_BIT, );
@@ -400,6 +403,11 @@ void fill_write_params(WriteParams* p, const pa_write_args& a) {
   p->vec8 = (cache_vec >= static_cast<int>(std::min<uint64_t>(8 * ce, 16)) &&
              rows_vec >= static_cast<int>(std::min<uint64_t>(8 * te, 16)))
                 ? 1 : 0;
+  if (c->latent) {
+    // k holds each row's leading k.dim values and v the rest, or k whole rows (v absent).
+    p->latent_k = v.data ? k.dim : c->head_size;
+    if (p->latent_k % 8 != 0) p->vec8 = 0;  // v's groups would start unaligned
+  }
 }
 
 pagedattn_status cache_write(void* state, const pa_write_args* a, char* msg) {
@@ -428,7 +436,7 @@ pagedattn_status cache_write(void* state, const pa_write_args* a, char* msg) {
     p.slots = nullptr;
     p.n = cnt;
     p.k = kbase + r0 * a->k.row_stride * static_cast<int64_t>(te);
-    p.v = vbase + r0 * a->v.row_stride * static_cast<int64_t>(te);
+    p.v = vbase ? vbase + r0 * a->v.row_stride * static_cast<int64_t>(te) : nullptr;
     PA_CHECK(launch_cache_write(a->k.dtype, c->dtype, cnt, p, stream), "cache write launch");
   }
   return PAGEDATTN_OK;
@@ -467,8 +475,9 @@ pagedattn_status swap_blocks(void* state, const pa_cache* dst, const pa_cache* s
   gpuStream_t st = static_cast<gpuStream_t>(stream);
   const bool whole = compact(dst) && compact(src) && dst->layout == src->layout;
   const size_t bytes = static_cast<size_t>(src->block_stride) * elem_size(src->dtype);
+  const int planes = src->latent ? 1 : 2;  // a latent cache's rows move once
   for (int32_t l = 0; l < src->num_layers; ++l) {
-    for (int kv = 0; kv < 2; ++kv) {
+    for (int kv = 0; kv < planes; ++kv) {
       void* db = kv ? dst->v_layers[l] : dst->k_layers[l];
       const void* sb = kv ? src->v_layers[l] : src->k_layers[l];
       size_t i = 0;
@@ -512,6 +521,7 @@ pagedattn_status copy_blocks(void* state, const pa_cache* cache, const int32_t* 
   p.heads = cache->num_kv_heads;
   p.row_bytes = cache->head_size * es;
   p.elem_bytes = es;
+  p.planes = cache->latent ? 1 : 2;
   std::initializer_list<uint64_t> q = {static_cast<uint64_t>(p.row_bytes),
                                        static_cast<uint64_t>(cache->block_stride) * es,
                                        static_cast<uint64_t>(cache->slot_stride) * es,
@@ -530,7 +540,8 @@ pagedattn_status copy_blocks(void* state, const pa_cache* cache, const int32_t* 
   return PAGEDATTN_OK;
 }
 
-// read_blocks' packed record: per id, per layer, K then V, each in layout order.
+// read_blocks' packed record: per id, per layer, K then V, each in layout order (a latent
+// cache's rows once).
 pagedattn_status move_packed(void* state, const pa_cache* c, const int32_t* ids, size_t n,
                              char* host, bool to_host, void* stream, char* msg) {
   DeviceGuard g(static_cast<State*>(state)->device);
@@ -541,10 +552,11 @@ pagedattn_status move_packed(void* state, const pa_cache* c, const int32_t* ids,
   packed.slot_stride = (c->layout == PAGEDATTN_LAYOUT_NHD) ? h * hd : hd;
   packed.head_stride = (c->layout == PAGEDATTN_LAYOUT_NHD) ? hd : bs * hd;
   const size_t blk = static_cast<size_t>(packed.block_stride) * elem_size(c->dtype);
+  const int planes = c->latent ? 1 : 2;
   for (size_t i = 0; i < n; ++i) {
     for (int32_t l = 0; l < c->num_layers; ++l) {
-      for (int kv = 0; kv < 2; ++kv) {
-        char* rec = host + ((i * c->num_layers + l) * 2 + kv) * blk;
+      for (int kv = 0; kv < planes; ++kv) {
+        char* rec = host + ((i * c->num_layers + l) * planes + kv) * blk;
         void* base = kv ? c->v_layers[l] : c->k_layers[l];
         gpuError_t e = to_host ? copy_block(&packed, rec, 0, c, base, ids[i], st)
                                : copy_block(c, base, ids[i], &packed, rec, 0, st);
@@ -779,6 +791,90 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   return PAGEDATTN_OK;
 }
 
+// Multi-head latent attention (mla.cuh): decode rows over the split or whole list (then the
+// merge of the split partials, value-size wide), prefill tiles cut into sub-tiles of kMlaRows
+// rows. Refuses what it has no kernel for before it launches anything.
+pagedattn_status forward_mla(void* state, const pa_forward_args* a, char* msg) {
+  State* s = static_cast<State*>(state);
+  DeviceGuard g(s->device);
+  const Plan* pl = static_cast<const Plan*>(a->batch->backend_data);
+  if (!pl) {
+    set_msg(msg, "batch was not planned for the %s backend", PA_RUNTIME_NAME);
+    return PAGEDATTN_ERROR_INVALID_HANDLE;
+  }
+  if (a->head_size != kMlaRow || a->value_size != kMlaValue) {
+    set_msg(msg, "%s: multi-head latent attention with value size %d over rows of %d is not "
+            "supported (supported: value size %d over rows of %d)",
+            PA_RUNTIME_NAME, a->value_size, a->head_size, kMlaValue, kMlaRow);
+    return PAGEDATTN_ERROR_UNSUPPORTED;
+  }
+  const int32_t qt = a->q.dtype;
+  const size_t need = mla_smem_need(qt);
+  if (need == 0 || s->smem_per_block < static_cast<int64_t>(need)) {
+    if (need == 0)
+      set_msg(msg, "%s: no multi-head latent attention kernel for queries of dtype %d",
+              PA_RUNTIME_NAME, static_cast<int>(qt));
+    else
+      set_msg(msg, "%s: the multi-head latent attention tile needs %zu bytes of shared memory "
+              "per block; the device gives %lld", PA_RUNTIME_NAME, need,
+              static_cast<long long>(s->smem_per_block));
+    return PAGEDATTN_ERROR_UNSUPPORTED;
+  }
+  gpuStream_t stream = static_cast<gpuStream_t>(a->stream);
+  MlaParams p;
+  memset(static_cast<void*>(&p), 0, sizeof(p));
+  const int32_t kt = fill_attn_params(&p.a, a, pl);
+  p.a.smem_per_block = s->smem_per_block;
+  p.q_pe = a->q_pe.data;
+  p.qpe_row = a->q_pe.row_stride;
+  p.qpe_head = a->q_pe.head_stride;
+  p.q_lead = a->q_pe.data ? a->value_size : a->head_size;
+  bool listed = false;  // the pair in instantiations.h (the core admits no other)
+#define PA_MLA_CACHE(CODE, KT, ...) listed = listed || kt == (CODE);
+#define PA_MLA_QUERY(CODE, T, ...) \
+  if (qt == (CODE)) { PA_GPU_CACHE_DTYPES(PA_MLA_CACHE, CODE, T, ) }
+  PA_GPU_DTYPES(PA_MLA_QUERY, )
+#undef PA_MLA_QUERY
+#undef PA_MLA_CACHE
+  if (!listed) {
+    set_msg(msg, "no %s multi-head latent attention kernel for query dtype %d and cache dtype %d",
+            PA_RUNTIME_NAME, static_cast<int>(qt), static_cast<int>(kt));
+    return PAGEDATTN_ERROR_UNSUPPORTED;
+  }
+
+  int unsupported = 0;
+  const bool split = decode_split(*pl, a->num_heads, kMlaValue);
+  const int32_t decode_items = set_mla_decode_launch(*pl, split, &p.a);
+  PA_CHECK(launch_mla(qt, kt, decode_items, 1, p, stream, &unsupported), "MLA decode launch");
+  if (split) {
+    SplitMergeParams m;
+    const int32_t merge_items = set_merge_launch(*pl, &m);
+    m.query_start = p.a.query_start;
+    m.part_o = p.a.part_o;
+    m.part_lse = p.a.part_lse;
+    m.out = p.a.out;
+    m.o_row = p.a.o_row;
+    m.o_head = p.a.o_head;
+    m.lse = p.a.lse;
+    m.lse_row = p.a.lse_row;
+    m.lse_head = p.a.lse_head;
+    m.num_heads = p.a.num_heads;
+    m.head_size = kMlaValue;  // the partials and the output rows are value-size wide
+    m.sinks = p.a.sinks;
+    PA_CHECK(launch_split_merge(qt, merge_items, m, stream), "MLA split-KV merge launch");
+  }
+  int32_t subtiles = 1;
+  const int32_t prefill_items = set_mla_prefill_launch(*pl, &p.a, &subtiles);
+  PA_CHECK(launch_mla(qt, kt, prefill_items, subtiles, p, stream, &unsupported),
+           "MLA prefill launch");
+  if (unsupported) {
+    set_msg(msg, "no %s multi-head latent attention kernel for query dtype %d and cache dtype %d",
+            PA_RUNTIME_NAME, static_cast<int>(qt), static_cast<int>(kt));
+    return PAGEDATTN_ERROR_UNSUPPORTED;
+  }
+  return PAGEDATTN_OK;
+}
+
 pagedattn_status merge_states(void* state, const pa_merge_args* a, char* msg) {
   DeviceGuard g(static_cast<State*>(state)->device);
   MergeStatesParams p;
@@ -836,7 +932,7 @@ const pa_backend_ops kOps = {
     forward,
     merge_states,
     synchronize,
-    nullptr,  // forward_mla: not yet on the GPU backends
+    forward_mla,
 };
 
 }  // namespace

@@ -86,6 +86,48 @@ __global__ void cache_write_kernel(const WriteParams p) {
   }
 }
 
+// A latent cache's write: one thread per 8 values of a row, the leading latent_k from k, the
+// rest from v, stored once (no V); fp8 stores x / k_scale. Bad slots are skipped as above.
+template <typename T, typename CT>
+__global__ void cache_write_latent_kernel(const WriteParams p) {
+  const int64_t n = p.n_dev ? static_cast<int64_t>(*p.n_dev) : p.n;
+  const int groups = p.dim / 8;
+  const int64_t total = n * groups;
+  const int lead = p.latent_k;
+  const bool vec = p.vec8 != 0;  // only when lead is a multiple of 8: no group straddles
+  const float sc = is_fp8<CT>::value ? head_scale(p.k_head_scales, 0, p.k_scale) : 1.f;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / groups;
+    const int d0 = static_cast<int>(i % groups) * 8;
+    const int64_t slot = !p.slots ? p.inline_slots[row]
+                         : p.slots_int64 ? static_cast<const int64_t*>(p.slots)[row]
+                                         : static_cast<const int32_t*>(p.slots)[row];
+    if (slot < 0 || slot >= p.num_slots) continue;
+    const int64_t off =
+        (slot / p.block_size) * p.block_stride + (slot % p.block_size) * p.slot_stride + d0;
+    const T* kr = static_cast<const T*>(p.k) + row * p.k_row;
+    float f[8];
+    if (d0 + 8 <= lead) {
+      load8_any<T>(kr + d0, f, vec);
+    } else {
+      const T* vr = static_cast<const T*>(p.v) + row * p.v_row;
+      if (d0 >= lead) {
+        load8_any<T>(vr + (d0 - lead), f, vec);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int d = d0 + e;
+          f[e] = to_float(d < lead ? kr[d] : vr[d - lead]);
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = f[e] / sc;
+    store8<CT>(static_cast<CT*>(p.ck) + off, f, vec);
+  }
+}
+
 template <typename T, typename CT>
 gpuError_t launch_write_t(int64_t max_rows, const WriteParams& p, gpuStream_t stream) {
   const int64_t total = max_rows * p.heads * (p.dim / 8);
@@ -93,7 +135,7 @@ gpuError_t launch_write_t(int64_t max_rows, const WriteParams& p, gpuStream_t st
   const int threads = 256;
   int64_t blocks = (total + threads - 1) / threads;
   if (blocks > 65536) blocks = 65536;  // grid-stride loop covers the rest
-  auto kernel = cache_write_kernel<T, CT>;
+  auto kernel = p.latent_k > 0 ? cache_write_latent_kernel<T, CT> : cache_write_kernel<T, CT>;
   PA_LAUNCH(kernel, static_cast<unsigned>(blocks), threads, 0, stream)(p);
   return gpuGetLastError();
 }
@@ -120,7 +162,8 @@ gpuError_t launch_cache_write(int32_t qt, int32_t ct, int64_t max_rows, const Wr
   }
 }
 
-// grid (pairs, layers, 2): one CTA copies one block of one layer's K or V, row by row.
+// grid (pairs, layers, planes): one CTA copies one block of one layer's K or V (or a latent
+// cache's rows), row by row.
 __global__ void copy_blocks_kernel(const CopyParams p) {
   const int pair = blockIdx.x;
   const int layer = blockIdx.y;
@@ -151,7 +194,8 @@ gpuError_t kernel_attributes(gpuFuncAttributes* attr) {
 
 gpuError_t launch_copy_blocks(const CopyParams& p, gpuStream_t stream) {
   if (p.num_pairs <= 0) return gpuSuccess;
-  dim3 grid(static_cast<unsigned>(p.num_pairs), static_cast<unsigned>(p.num_layers), 2);
+  dim3 grid(static_cast<unsigned>(p.num_pairs), static_cast<unsigned>(p.num_layers),
+            static_cast<unsigned>(p.planes));
   PA_LAUNCH(copy_blocks_kernel, grid, 256, 0, stream)(p);
   return gpuGetLastError();
 }

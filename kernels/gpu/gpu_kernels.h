@@ -164,6 +164,9 @@ struct WriteParams {
   const float* k_head_scales;  // [heads] on the device (fp8), or NULL: the scalars
   const float* v_head_scales;
   int32_t vec8;            // 1: every 8-element group is aligned for a vector access
+  // A latent cache's write: each row's leading latent_k values come from k, the rest from v
+  // (latent_k = dim when k holds whole rows); 0 for a K/V cache.
+  int32_t latent_k;
   int64_t inline_slots[kInlineSlots];
 };
 gpuError_t launch_cache_write(int32_t qt, int32_t ct, int64_t max_rows, const WriteParams& p,
@@ -176,10 +179,35 @@ struct CopyParams {
   void* const* v_layers;
   int64_t block_stride, slot_stride, head_stride;
   int32_t num_layers, block_size, heads, row_bytes, elem_bytes, vec;
+  int32_t planes;  // 2: K and V blocks; 1: a latent cache's rows
   int32_t num_pairs;
   int32_t pairs[2 * kCopyPairsPerLaunch];
 };
 gpuError_t launch_copy_blocks(const CopyParams& p, gpuStream_t stream);
+
+// Multi-head latent attention (mla.cuh): latent rows of kMlaRow values, of which the leading
+// kMlaValue are the values; a CTA owns kMlaRows rows (tokens x query heads) and reads each key's
+// row once for all of them.
+constexpr int kMlaRow = 576;
+constexpr int kMlaValue = 512;
+constexpr int kMlaRows = 16;
+struct MlaParams {
+  // q (each row's leading q_lead values), out ([tokens, H, kMlaValue]), lse, the semantics, the
+  // latent cache (kv.k == kv.v) and the work list; group = num_heads (one KV head),
+  // heads_per_cta = min(H, kMlaRows), tile_tokens = the tokens of one CTA. Split partials are
+  // [part][num_heads][kMlaValue].
+  AttnParams a;
+  const void* q_pe;  // the rest of each query row, [tokens, H, kMlaRow - q_lead], or NULL
+  int64_t qpe_row, qpe_head;
+  int32_t q_lead;    // kMlaValue with q_pe, else kMlaRow
+};
+// Launches the MLA kernel for query code qt and cache code kt over max_items work items (grid
+// x), ceil(H / heads_per_cta) head groups (y) and `subtiles` tiles of tile_tokens tokens per item
+// (z). *unsupported = 1 (nothing launched) for a pair instantiations.h does not list.
+gpuError_t launch_mla(int32_t qt, int32_t kt, int32_t max_items, int32_t subtiles,
+                      const MlaParams& p, gpuStream_t stream, int* unsupported);
+// The dynamic shared memory the MLA tiles of query code qt ask for (the most over cache types).
+size_t mla_smem_need(int32_t qt);
 
 }  // namespace pagedattn_gpu
 

@@ -220,4 +220,22 @@ int32_t set_prefill_launch(const Plan& pl, AttnParams* p) {
   return pl.cap_pre[j];
 }
 
+int32_t set_mla_decode_launch(const Plan& pl, bool split, AttnParams* p) {
+  const int32_t n = set_decode_launch(pl, split, p);
+  p->heads_per_cta = std::min(p->group, kMlaRows);
+  p->tile_tokens = 1;
+  return n;
+}
+
+int32_t set_mla_prefill_launch(const Plan& pl, AttnParams* p, int32_t* subtiles) {
+  const int32_t* counts = pl.d<int32_t>(pl.o_counts);
+  p->heads_per_cta = std::min(p->group, kMlaRows);
+  const int tt = std::min(kMlaRows / pow2ceil(p->heads_per_cta), kPrefillTiles[0]);
+  p->tile_tokens = tt;
+  p->items = pl.d<WorkItem>(pl.o_pre[0]);
+  p->num_items = counts + kPre0;
+  *subtiles = static_cast<int32_t>(cdiv(kPrefillTiles[0], tt));
+  return pl.cap_pre[0];
+}
+
 }  // namespace pagedattn_gpu

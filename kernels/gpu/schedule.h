@@ -76,6 +76,14 @@ int32_t set_merge_launch(const Plan& pl, SplitMergeParams* m);
 // Prefill tiles: up to 4 heads of a group times the tokens that fill kPrefillRows rows.
 int32_t set_prefill_launch(const Plan& pl, AttnParams* p);
 
+// MLA decode rows (mla.cuh): one token and up to kMlaRows of its heads per CTA, over the split
+// or the whole list (split when decode_split allows partials of num_heads * kMlaValue floats).
+int32_t set_mla_decode_launch(const Plan& pl, bool split, AttnParams* p);
+
+// MLA prefill: the list of the smallest prefill tiles, each item cut into *subtiles sub-tiles
+// (grid z) of tile_tokens tokens, so that a CTA's tokens x heads fill at most kMlaRows rows.
+int32_t set_mla_prefill_launch(const Plan& pl, AttnParams* p, int32_t* subtiles);
+
 }  // namespace pagedattn_gpu
 
 #endif  // PAGEDATTN_GPU_SCHEDULE_H
