@@ -42,6 +42,19 @@ constexpr int kMlaRowBlock = 4;
 constexpr int kMlaRowBlock = 2;
 #endif
 
+// Keeps v in a register. Without it GCC folds the load of a query vector into each of the KC
+// FMAs that use it: KC loads where one does, and the score loop becomes load-bound.
+template <class V>
+HWY_INLINE void mla_pin(V& v) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  asm("" : "+v"(v.raw));
+#elif HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3)
+  asm("" : "+x"(v.raw));
+#else
+  (void)v;
+#endif
+}
+
 // s[r][j] = q[r] . k[j] over D values for RA rows from r0 and KC keys from j0.
 template <int RA, int KC>
 HWY_INLINE void mla_score_block(const float* HWY_RESTRICT q, int D, int r0,
@@ -57,7 +70,8 @@ HWY_INLINE void mla_score_block(const float* HWY_RESTRICT q, int D, int r0,
     hn::Vec<decltype(d)> kv[KC];
     for (int c = 0; c < KC; ++c) kv[c] = hn::LoadU(d, krow[j0 + c] + i);
     for (int a = 0; a < RA; ++a) {
-      const auto qv = hn::LoadU(d, qr[a] + i);
+      auto qv = hn::LoadU(d, qr[a] + i);
+      if (KC > 1) mla_pin(qv);
       for (int c = 0; c < KC; ++c) acc[a][c] = hn::MulAdd(qv, kv[c], acc[a][c]);
     }
   }
@@ -217,6 +231,13 @@ HWY_INLINE void mla_load_q(const MlaItem& m, float* HWY_RESTRICT q) {
   }
 }
 
+// Key kp's latent row in the cache.
+HWY_INLINE const char* mla_row(const KVSource& kv, int64_t kp, int64_t esz) {
+  return static_cast<const char*>(kv.k) +
+         (static_cast<int64_t>(kv.table[kp / kv.block_size]) * kv.block_stride +
+          (kp % kv.block_size) * kv.slot_stride) * esz;
+}
+
 // Runs one MLA item (see kernels.h). Defined only in the unit that compiles this target's entry
 // points (entry-inl.h), its caller.
 #if HWY_TARGET == PA_CPU_UNIT
@@ -250,14 +271,19 @@ HWY_NOINLINE void mla_run(const MlaItem& m, float* HWY_RESTRICT scratch) {
   const KVSource& kv = it.kv;
   const int64_t esz = static_cast<int64_t>(elem_size(kv.dtype));
   const bool direct = kv.dtype == PAGEDATTN_DTYPE_FLOAT32;
+  const int64_t row_bytes = static_cast<int64_t>(D) * esz;
   const float* krow[kMlaKeyTile];
   for (int64_t k0 = k_lo; k0 <= k_hi; k0 += kMlaKeyTile) {
     const int nk = static_cast<int>(std::min<int64_t>(kMlaKeyTile, k_hi + 1 - k0));
+    const int64_t next_hi = std::min<int64_t>(k_hi, k0 + 2 * kMlaKeyTile - 1);
     for (int j = 0; j < nk; ++j) {
       const int64_t kp = k0 + j;
-      const char* row = static_cast<const char*>(kv.k) +
-                        (static_cast<int64_t>(kv.table[kp / kv.block_size]) * kv.block_stride +
-                         (kp % kv.block_size) * kv.slot_stride) * esz;
+      const char* row = mla_row(kv, kp, esz);
+      // The next tile's row, asked for now: its lines arrive while this tile is computed on.
+      if (kp + kMlaKeyTile <= next_hi) {
+        const char* nx = mla_row(kv, kp + kMlaKeyTile, esz);
+        for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(nx + b, 0, 1);
+      }
       if (direct) {
         krow[j] = reinterpret_cast<const float*>(row);
       } else {
