@@ -22,6 +22,12 @@ Cases (the target shapes of docs/perf.md, all changeable by flags):
            caches (NHD, block tables shuffled, 268 MB of bf16 K/V: far beyond the L3)
   prefill  4 x 2048 new tokens, causal, same heads, bf16
   ipex     (with IPEX) decode as above over bf16 and fp8 e5m2 HND caches, and the prefill
+  mla      multi-head latent attention (DeepSeek V2/V3, Kimi K2) decode, batch 16 x context 4096,
+           16 and 128 query heads over latent rows of 576 (512 values + 64 rotary), block 64,
+           bf16 cache (mla-fp8: fp8 e4m3); mla-prefill: 4 x 2048 causal, 16 heads, bf16. The
+           torch peer is absorbed MLA by hand: the rows gathered through the table, scores over
+           all 576 values by bf16 matmul, float32 softmax, the weights times the leading 512
+           values; for prefill also SDPA with enable_gqa (value width 512) where it runs
 
 Each timing is the median of --rounds rounds, every round running each contender --inner times
 in turn (ours, then torch, alternating, so a change in the host's state hits both). Correctness is
@@ -36,11 +42,13 @@ numpy` in a virtual environment) and run, from the repository root after a build
 
 --threads sets both torch's intra-op threads and our backend's workers (default 2). The rate
 column is the cache's K/V bytes over the time (decode; the same bytes for every contender,
-whatever it converts them to) or the causal half's FLOPs over the time (prefill).
+whatever it converts them to) or the causal half's FLOPs over the time (prefill, and every MLA
+case: 2*(576+512) per key, head and query).
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import statistics
@@ -382,6 +390,235 @@ def prefill_case(be, args, gen, layout: str = "nhd") -> dict:
             "checked_rows": int(picked.numel()), "flops": flops, "tokens": B * T}
 
 
+# ---- Multi-head latent attention (MLA: DeepSeek V2/V3/R1, Kimi K2) ----
+# Until the Python binding has its MLA calls, the cases below reach the C functions through
+# ctypes on the library the binding loaded, with the binding's struct mirrors.
+LATENT = 1 << 1                # PAGEDATTN_KV_CACHE_LATENT
+FEATURE_MLA = 1 << 16          # PAGEDATTN_FEATURE_MLA
+_DL = {torch.bfloat16: (4, 16), torch.float32: (2, 32)}  # DLPack (code, bits)
+
+
+class _C:
+    """The library, its MLA prototypes declared once."""
+
+    lib = None
+
+    @classmethod
+    def get(cls):
+        if cls.lib is None:
+            from pagedattn import _ffi
+            lib = _ffi.load()
+            vp = ctypes.c_void_p
+            lib.pagedattn_forward_mla.restype = ctypes.c_int
+            lib.pagedattn_forward_mla.argtypes = [vp, vp, vp, ctypes.c_int32] + [vp] * 6
+            cls.lib, cls.ffi = lib, _ffi
+        return cls.lib
+
+    @classmethod
+    def check(cls, status: int, what: str) -> None:
+        if status != 0:
+            lib = cls.get()
+            raise RuntimeError(f"{what}: {lib.pagedattn_status_string(status).decode()}: "
+                               f"{lib.pagedattn_last_error().decode()}")
+
+
+class CTensor:
+    """A pagedattn_tensor over a contiguous bf16 or float32 torch tensor on the CPU."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        assert t.is_contiguous()
+        _C.get()
+        ffi = _C.ffi
+        self.t = t
+        self.shape = (ctypes.c_int64 * t.dim())(*t.shape)
+        code, bits = _DL[t.dtype]
+        self.s = ffi.TensorStruct(t.data_ptr(), ffi.Device(1, 0), t.dim(),
+                                  ffi.DLDataType(code, bits, 1), self.shape, None, 0)
+
+    def ref(self):
+        return ctypes.byref(self.s)
+
+
+class LatentPaged:
+    """One layer of a latent cache in torch memory, [blocks, block_size, D] (bf16 or fp8 e4m3),
+    wrapped by the library; shuffled block tables, and a batch planned over them."""
+
+    def __init__(self, be, args, seqs: int, qlen: int, ctx: int, cache_dtype: str, gen) -> None:
+        lib = _C.get()
+        ffi = _C.ffi
+        bs, D = args.mla_block_size, args.mla_head_size
+        self.bs, self.seq_len, self.D = bs, ctx + qlen, D
+        per_seq = math.ceil(self.seq_len / bs)
+        nblocks = seqs * per_seq + 1
+        rf = torch.randn((nblocks, bs, D), generator=gen)
+        if cache_dtype == "fp8_e4m3":
+            self.rows = rf.to(torch.float8_e4m3fn)
+            dt = pa.Dtype.FP8_E4M3
+        else:
+            self.rows = rf.to(torch.bfloat16)
+            dt = pa.Dtype.BFLOAT16
+        desc = ffi.KVCacheDescStruct()
+        lib.pagedattn_kv_cache_desc_init(ctypes.byref(desc))
+        desc.num_layers, desc.num_blocks, desc.block_size = 1, nblocks, bs
+        desc.num_kv_heads, desc.head_size, desc.dtype, desc.flags = 1, D, int(dt), LATENT
+        self.layers = (ctypes.c_void_p * 1)(self.rows.data_ptr())
+        mem = ffi.KVCacheMemoryStruct()
+        mem.struct_size = ctypes.sizeof(mem)
+        mem.k_layers = self.layers
+        mem.device = ffi.Device(1, 0)
+        self.cache = ctypes.c_void_p()
+        _C.check(lib.pagedattn_kv_cache_wrap(ctypes.byref(self.cache), be._handle(),
+                                             ctypes.byref(desc), ctypes.byref(mem)),
+                 "pagedattn_kv_cache_wrap (latent)")
+        perm = torch.randperm(nblocks, generator=gen)[: seqs * per_seq]
+        self.table = perm.view(seqs, per_seq).to(torch.int32).contiguous()
+        self.flat = self.table.view(-1).to(torch.int64)
+        self.qlens = (ctypes.c_int32 * seqs)(*([qlen] * seqs))
+        self.ctxs = (ctypes.c_int32 * seqs)(*([ctx] * seqs))
+        bd = ffi.BatchDescStruct()
+        lib.pagedattn_batch_desc_init(ctypes.byref(bd))
+        bd.num_seqs = seqs
+        bd.query_lens = ctypes.addressof(self.qlens)
+        bd.context_lens = ctypes.addressof(self.ctxs)
+        bd.block_tables = self.table.data_ptr()
+        bd.block_table_stride = per_seq
+        self.batch = ctypes.c_void_p()
+        _C.check(lib.pagedattn_batch_create(ctypes.byref(self.batch), be._handle(), self.cache,
+                                            None, ctypes.byref(bd)), "pagedattn_batch_create")
+        self.ws = torch.empty((seqs * per_seq, bs, D), dtype=self.rows.dtype)
+
+    def close(self) -> None:
+        lib = _C.get()
+        lib.pagedattn_batch_destroy(self.batch)
+        lib.pagedattn_kv_cache_destroy(self.cache)
+
+    def seq_rows(self, s: int) -> torch.Tensor:
+        """Sequence s's rows as stored, [seq_len, D] float64."""
+        return self.rows[self.table[s].long()].to(torch.float64).reshape(-1, self.D)[: self.seq_len]
+
+    def gathered(self) -> torch.Tensor:
+        """[seqs, seq_len, D] bf16 rows gathered through the table into a workspace allocated
+        once (fp8 converted to bf16 after the gather)."""
+        seqs = self.table.shape[0]
+        torch.index_select(self.rows, 0, self.flat, out=self.ws)
+        x = self.ws.view(seqs, -1, self.D)[:, : self.seq_len]
+        return x.to(torch.bfloat16) if x.dtype != torch.bfloat16 else x
+
+
+def mla_forward(be, lp: LatentPaged, opts, qn: CTensor, qp: CTensor, out: CTensor) -> None:
+    _C.check(_C.get().pagedattn_forward_mla(be._handle(), lp.batch, lp.cache, 0,
+                                            ctypes.byref(opts), qn.ref(), qp.ref(), out.ref(),
+                                            None, None), "pagedattn_forward_mla")
+
+
+def mla_options(H: int, D: int, scale: float):
+    ffi = _C.ffi
+    o = ffi.AttentionOptionsStruct()
+    _C.get().pagedattn_attention_options_init_sized(ctypes.byref(o), ctypes.sizeof(o))
+    o.num_heads, o.num_kv_heads, o.head_size, o.scale = H, 1, D, scale
+    return o
+
+
+def mla_ref(q: torch.Tensor, rows: torch.Tensor, R: int, scale: float, mask=None):
+    """float64 absorbed MLA for one sequence: q [n, H, D], rows [T, D], mask [n, T] of visible
+    keys (None: all). Returns [n, H, R]."""
+    s = torch.einsum("nhd,td->nht", q.double(), rows) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask[:, None, :], float("-inf"))
+    return torch.einsum("nht,tr->nhr", torch.softmax(s, dim=-1), rows[:, :R])
+
+
+def mla_decode_case(be, args, H: int, cache_dtype: str, gen) -> dict:
+    """MLA decode: ours (pagedattn_forward_mla) against absorbed MLA in torch: gather the latent
+    rows through the table, scores over all D values by bf16 matmul, float32 softmax, bf16
+    matmul of the weights with the rows' leading R values."""
+    B, ctx, D, R = args.batch, args.context, args.mla_head_size, args.mla_value_size
+    lp = LatentPaged(be, args, B, 1, ctx - 1, cache_dtype, gen)
+    q = torch.randn((B, H, D), generator=gen).to(torch.bfloat16)
+    qn, qp = q[..., :R].contiguous(), q[..., R:].contiguous()
+    out = torch.empty((B, H, R), dtype=torch.bfloat16)
+    scale = 1.0 / math.sqrt(D)
+    opts = mla_options(H, D, scale)
+    cq, cp, co = CTensor(qn), CTensor(qp), CTensor(out)
+
+    def ours():
+        mla_forward(be, lp, opts, cq, cp, co)
+
+    def torch_gather_bmm():
+        kv = lp.gathered()                                           # [B, ctx, D]
+        s = torch.matmul(q, kv.transpose(1, 2)).float() * scale      # [B, H, ctx]
+        p = torch.softmax(s, dim=-1).to(torch.bfloat16)
+        return torch.matmul(p, kv[..., :R])                          # [B, H, R]
+
+    fns = {"ours": ours, "torch_gather_bmm": torch_gather_bmm}
+    ref = torch.stack([mla_ref(q[s:s + 1], lp.seq_rows(s), R, scale)[0] for s in range(B)])
+    ours()
+    errs = {"ours": rel_err(out, ref), "torch_gather_bmm": rel_err(torch_gather_bmm(), ref)}
+    t = median_ms(fns, args.rounds, args.inner)
+    lp.close()
+    return {"case": f"mla decode b{B} x {ctx}, H {H}, {D}/{R}, {cache_dtype} cache",
+            "times": t, "errors": errs, "tolerance": TOLERANCE[cache_dtype],
+            "flops": 2.0 * (D + R) * H * B * ctx, "tokens": B,
+            "latent_bytes": B * ctx * D * lp.rows.element_size()}
+
+
+def mla_prefill_case(be, args, gen) -> dict:
+    """MLA prefill, causal, the rows of the new tokens already in the cache (an engine writes
+    them with write_latent first): ours against torch's absorbed MLA per sequence (gather,
+    scores materialised with the causal mask, float32 softmax), and SDPA where this torch has
+    enable_gqa and takes a value width other than the query's."""
+    B, T, H = args.prefill_seqs, args.prefill_len, args.mla_prefill_heads
+    D, R = args.mla_head_size, args.mla_value_size
+    lp = LatentPaged(be, args, B, T, 0, "bfloat16", gen)
+    q = torch.randn((B * T, H, D), generator=gen).to(torch.bfloat16)
+    qn, qp = q[..., :R].contiguous(), q[..., R:].contiguous()
+    out = torch.empty((B * T, H, R), dtype=torch.bfloat16)
+    scale = 1.0 / math.sqrt(D)
+    opts = mla_options(H, D, scale)
+    cq, cp, co = CTensor(qn), CTensor(qp), CTensor(out)
+    qh = q.view(B, T, H, D).transpose(1, 2).contiguous()             # [B, H, T, D]
+    mask = torch.ones((T, T), dtype=torch.bool).triu(1)
+
+    def ours():
+        mla_forward(be, lp, opts, cq, cp, co)
+
+    def torch_matmul():  # [B, H, T, R]
+        kv = lp.gathered()
+        o = torch.empty((B, H, T, R), dtype=torch.bfloat16)
+        for b in range(B):
+            s = torch.matmul(qh[b], kv[b].transpose(0, 1)).float() * scale   # [H, T, T]
+            p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1).to(torch.bfloat16)
+            o[b] = torch.matmul(p, kv[b, :, :R])
+        return o
+
+    def torch_sdpa():
+        kv = lp.gathered().unsqueeze(1)                              # [B, 1, T, D]
+        return F.scaled_dot_product_attention(qh, kv, kv[..., :R], is_causal=True, scale=scale,
+                                              enable_gqa=True)
+
+    fns = {"ours": ours, "torch_gather_matmul": torch_matmul}
+    if HAS_GQA:
+        try:
+            torch_sdpa()
+            fns["torch_gather_sdpa"] = torch_sdpa
+        except (RuntimeError, TypeError) as e:
+            print(f"mla prefill: SDPA left out ({str(e).splitlines()[0]})")
+    rows = check_rows(T, args.check_rows)
+    pos = torch.arange(T)
+    ref = torch.cat([mla_ref(q[b * T + rows], lp.seq_rows(b), R, scale,
+                             pos[None, :] <= rows[:, None]) for b in range(B)])
+    picked = torch.cat([b * T + rows for b in range(B)])
+    ours()
+    errs = {"ours": rel_err(out[picked], ref)}
+    errs.update({name: rel_err(f().transpose(1, 2).reshape(B * T, H, R)[picked], ref)
+                 for name, f in fns.items() if name != "ours"})
+    t = median_ms(fns, args.rounds, max(1, args.inner // 4))
+    lp.close()
+    return {"case": f"mla prefill {B} x {T} causal, H {H}, {D}/{R}, bf16",
+            "times": t, "errors": errs, "tolerance": TOLERANCE["bfloat16"],
+            "checked_rows": int(picked.numel()), "tokens": B * T,
+            "flops": 2.0 * (D + R) * H * B * (T * (T + 1) / 2)}
+
 def capability() -> str:
     cpu = getattr(torch.backends, "cpu", None)
     return cpu.get_cpu_capability() if cpu is not None else "not reported by this torch"
@@ -401,7 +638,14 @@ def main() -> int:
     ap.add_argument("--prefill-len", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--inner", type=int, default=8, help="calls per round (prefill: a quarter)")
-    ap.add_argument("--cases", default="decode,fp8,prefill,ipex")
+    ap.add_argument("--cases", default="decode,fp8,prefill,mla,mla-fp8,mla-prefill,ipex",
+                    help="mla: MLA decode per --mla-heads, bf16 cache; mla-fp8: the same on an "
+                    "fp8 e4m3 cache; mla-prefill: --prefill-seqs x --prefill-len causal")
+    ap.add_argument("--mla-heads", default="16,128", help="MLA decode query heads, a list")
+    ap.add_argument("--mla-prefill-heads", type=int, default=16)
+    ap.add_argument("--mla-head-size", type=int, default=576, help="MLA latent row size D")
+    ap.add_argument("--mla-value-size", type=int, default=512, help="MLA value size R")
+    ap.add_argument("--mla-block-size", type=int, default=64)
     ap.add_argument("--check-rows", type=int, default=64,
                     help="prefill: query rows per sequence judged against float64")
     ap.add_argument("--json", default=None, help="append the results as one JSON line here")
@@ -425,6 +669,19 @@ def main() -> int:
         results.append(decode_case(be, args, "fp8_e4m3", gen))
     if "prefill" in cases:
         results.append(prefill_case(be, args, gen))
+    mla_cases = [c for c in cases if c.startswith("mla")]
+    if mla_cases and not int(be.capabilities.features) & FEATURE_MLA:
+        print(f"mla cases skipped: backend {be.name} has no MLA")
+        mla_cases = []
+    for H in [int(h) for h in args.mla_heads.split(",")] if "mla" in mla_cases else []:
+        results.append(mla_decode_case(be, args, H, "bfloat16", gen))
+    if "mla-fp8" in mla_cases and not HAS_FP8:
+        print(f"mla-fp8 case skipped: torch {torch.__version__} has no float8_e4m3fn")
+    elif "mla-fp8" in mla_cases:
+        for H in [int(h) for h in args.mla_heads.split(",")]:
+            results.append(mla_decode_case(be, args, H, "fp8_e4m3", gen))
+    if "mla-prefill" in mla_cases:
+        results.append(mla_prefill_case(be, args, gen))
     global IPEX
     if "ipex" in cases:
         IPEX = _ipex_paged()
@@ -438,7 +695,8 @@ def main() -> int:
             results.append(prefill_case(be, args, gen, layout="hnd"))
 
     bad = False
-    print(f"\n{'case':<44} {'contender':<24} {'median ms':>10} {'min ms':>8} {'rate':>14} "
+    cw = max([44] + [len(r["case"]) for r in results])  # the case column's width
+    print(f"\n{'case':<{cw}} {'contender':<24} {'median ms':>10} {'min ms':>8} {'rate':>14} "
           f"{'ours faster':>11}")
     for r in results:
         ours_ms = r["times"]["ours"][0]
@@ -448,13 +706,13 @@ def main() -> int:
             else:
                 rate = f"{r['flops'] / med / 1e6:.0f} GFLOP/s"
             speed = "" if name == "ours" else f"{med / ours_ms:.2f}x"
-            print(f"{r['case']:<44} {name:<24} {med:>10.3f} {mn:>8.3f} {rate:>14} {speed:>11}")
+            print(f"{r['case']:<{cw}} {name:<24} {med:>10.3f} {mn:>8.3f} {rate:>14} {speed:>11}")
         tol = r["tolerance"]
         ok = r["errors"]["ours"] <= tol
         bad |= not ok
         errs = ", ".join(f"{name} {e:.2e}{'' if e <= tol else ' (beyond)'}"
                          for name, e in r["errors"].items())
-        print(f"{'':<44} vs float64 (tolerance {tol:g}): {errs}"
+        print(f"{'':<{cw}} vs float64 (tolerance {tol:g}): {errs}"
               f"{'' if ok else '  OURS WRONG'}")
     if args.json:
         with open(args.json, "a") as f:

@@ -1,6 +1,7 @@
 // pagedattn-bench: times one operation of a pagedattn backend and judges it against the machine's
 // ceilings measured in the same run (read bandwidth, oneDNN sgemm) and against a naive baseline
-// (gather the blocks, then plain attention). docs/perf.md keeps the current figures.
+// (gather the blocks, then plain attention). The mla-* modes time pagedattn_forward_mla over a
+// latent cache the same way. docs/perf.md keeps the current figures.
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -36,7 +37,8 @@ namespace {
 struct Options {
   std::string mode = "decode";
   std::string backend = "cpu";
-  int heads = 32, kv_heads = 8, head_size = 128, block_size = 16;
+  int heads = -1, kv_heads = 8, head_size = -1, block_size = -1;  // -1: the mode's default
+  int value_size = -1;      // mla-*: R, the latent rows' leading values (512)
   int batch = -1, context = -1, query = -1;
   std::string dtype = "bf16", cache_dtype = "auto", layout = "nhd";
   int threads = 0, iters = 20, warmup = 3, layers = 0;
@@ -51,13 +53,19 @@ struct Options {
 void usage() {
   std::fprintf(stderr,
       "usage: pagedattn-bench [options]\n"
-      "  --mode decode|prefill|mixed|verify|cache-write|copy-blocks   (default decode)\n"
+      "  --mode decode|prefill|mixed|verify|cache-write|copy-blocks|mla-decode|mla-prefill\n"
+      "                        (default decode)\n"
       "                        verify: each sequence checks --query draft tokens (5) after\n"
       "                        --context cached ones under a binary draft tree (token j's\n"
       "                        parent is (j-1)/2: depth 3 for 5), then alternates it with the\n"
       "                        same batch's one-token decode and prints the time ratio\n"
       "  --backend NAME        cpu, onednn, cuda, hip, auto (default cpu)\n"
       "  --heads N --kv-heads N --head-size N --block-size N   (32 8 128 16)\n"
+      "                        mla-decode, mla-prefill: multi-head latent attention (DeepSeek\n"
+      "                        V2/V3, Kimi K2) over a latent cache of one row of --head-size D\n"
+      "                        values per token, its rows written with write_latent; H query\n"
+      "                        heads read every row; defaults H 16, D 576, block 64\n"
+      "  --value-size N        mla-*: R, the rows' leading values that form the output (512)\n"
       "  --batch N             sequences (decode/mixed 16, prefill 4, cache-write 16)\n"
       "  --context N           decode: tokens per sequence incl. the new one (4096);\n"
       "                        prefill, cache-write and the mixed chunk: tokens already\n"
@@ -112,6 +120,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--heads") o.heads = ival();
     else if (a == "--kv-heads") o.kv_heads = ival();
     else if (a == "--head-size") o.head_size = ival();
+    else if (a == "--value-size") o.value_size = ival();
     else if (a == "--block-size") o.block_size = ival();
     else if (a == "--batch") o.batch = ival();
     else if (a == "--context") o.context = ival();
@@ -141,15 +150,31 @@ Options parse(int argc, char** argv) {
     }
   }
   const bool known = o.mode == "decode" || o.mode == "prefill" || o.mode == "mixed" ||
-                     o.mode == "verify" || o.mode == "cache-write" || o.mode == "copy-blocks";
+                     o.mode == "verify" || o.mode == "cache-write" || o.mode == "copy-blocks" ||
+                     o.mode == "mla-decode" || o.mode == "mla-prefill";
   if (!known) {
     std::fprintf(stderr, "pagedattn-bench: unknown mode %s\n", o.mode.c_str());
     std::exit(2);
   }
-  if (o.batch < 0) o.batch = o.mode == "prefill" ? 4 : 16;
-  if (o.context < 0) o.context = (o.mode == "prefill" || o.mode == "cache-write") ? 0 : 4096;
+  const bool mla = o.mode == "mla-decode" || o.mode == "mla-prefill";
+  const bool prefill = o.mode == "prefill" || o.mode == "mla-prefill";
+  if (o.heads < 0) o.heads = mla ? 16 : 32;
+  if (o.head_size < 0) o.head_size = mla ? 576 : 128;
+  if (o.block_size < 0) o.block_size = mla ? 64 : 16;
+  if (o.value_size < 0) o.value_size = mla ? 512 : 0;
+  if (mla) o.kv_heads = 1;  // one latent row per token, read by every head
+  if (mla && (o.value_size < 1 || o.value_size >= o.head_size)) {
+    std::fprintf(stderr, "pagedattn-bench: --value-size must be in [1, --head-size)\n");
+    std::exit(2);
+  }
+  if (mla && (o.sinks || o.layout != "nhd")) {
+    std::fprintf(stderr, "pagedattn-bench: --sinks and --layout are not for the mla-* modes\n");
+    std::exit(2);
+  }
+  if (o.batch < 0) o.batch = prefill ? 4 : 16;
+  if (o.context < 0) o.context = (prefill || o.mode == "cache-write") ? 0 : 4096;
   if (o.query < 0)
-    o.query = o.mode == "prefill" ? 2048 : o.mode == "mixed" ? 512 : o.mode == "verify" ? 5 : 256;
+    o.query = prefill ? 2048 : o.mode == "mixed" ? 512 : o.mode == "verify" ? 5 : 256;
   if (o.mode == "verify") {
     // The naive baseline knows no tree masks: the suites judge the masks against float64.
     o.check = false;
@@ -166,7 +191,7 @@ Options parse(int argc, char** argv) {
   }
   if (o.warmup < 0) o.warmup = 0;
   if (o.batch < 1 || o.heads < 1 || o.kv_heads < 1 || o.head_size < 1 || o.block_size < 1 ||
-      o.query < 1 || (o.mode != "prefill" && o.mode != "cache-write" && o.context < 1)) {
+      o.query < 1 || (!prefill && o.mode != "cache-write" && o.context < 1)) {
     std::fprintf(stderr, "pagedattn-bench: sizes must be positive\n");
     std::exit(2);
   }
@@ -270,13 +295,15 @@ int main(int argc, char** argv) {
   const size_t dsz = pagedattn_dtype_size(dt), csz = pagedattn_dtype_size(cdt);
   const bool attn =
       o.mode == "decode" || o.mode == "prefill" || o.mode == "mixed" || o.mode == "verify";
+  const bool mla = o.mode == "mla-decode" || o.mode == "mla-prefill";
+  const bool prefill = o.mode == "prefill" || o.mode == "mla-prefill";
 
   // ---- The case: sequences, block tables over shuffled, non-contiguous block ids. ----
   Case c;
   const int B = o.batch;
   for (int s = 0; s < B; ++s) {
     int ql = 1, ctx = o.context - 1;  // decode: the new token completes `context` tokens
-    if (o.mode == "prefill") {
+    if (prefill) {
       ql = o.query;
       ctx = o.context;
     } else if ((o.mode == "mixed" && s == 0) || o.mode == "verify") {
@@ -302,12 +329,13 @@ int main(int argc, char** argv) {
     for (size_t i = ids.size(); i > 1; --i) std::swap(ids[i - 1], ids[r.next() % i]);
     c.tables = ids;  // row s = ids[s*stride ..): each sequence owns its blocks
   }
-  const double layer_bytes = (double)c.num_blocks * bs * Hkv * D * csz * 2;
+  // A latent cache holds one row per slot (no V); the others K and V.
+  const double layer_bytes = (double)c.num_blocks * bs * Hkv * D * csz * (mla ? 1 : 2);
   const size_t llc = llc_bytes();
   int L = o.layers;
   if (L <= 0) {
     L = 2;
-    if (o.mode != "prefill" && llc > 0)
+    if (!prefill && llc > 0)
       L = std::max(2, (int)std::ceil(2.0 * (double)llc / layer_bytes));
     const double cap = 8e9;  // keep the pool within memory on small machines
     while (L > 1 && L * layer_bytes > cap) --L;
@@ -334,6 +362,11 @@ int main(int argc, char** argv) {
   std::memset(&caps, 0, sizeof caps);
   caps.struct_size = sizeof caps;
   CHECK(pagedattn_backend_get_capabilities(&caps, be));
+  if (mla && !(caps.features & PAGEDATTN_FEATURE_MLA)) {
+    std::fprintf(stderr, "pagedattn-bench: backend %s has no MLA (PAGEDATTN_FEATURE_MLA)\n",
+                 o.backend.c_str());
+    return 2;
+  }
 
   pagedattn_kv_cache_desc cd;
   CHECK(pagedattn_kv_cache_desc_init(&cd));
@@ -344,15 +377,34 @@ int main(int argc, char** argv) {
   cd.head_size = D;
   cd.dtype = cdt;
   cd.layout = layout;
+  if (mla) cd.flags = PAGEDATTN_KV_CACHE_LATENT;
   pagedattn_kv_cache* cache = nullptr;
   CHECK(pagedattn_kv_cache_create(&cache, be, &cd));
   std::vector<void*> kl(L), vl(L);
   int64_t strides[3];
   for (int l = 0; l < L; ++l) {
     CHECK(pagedattn_kv_cache_get_layer(&kl[l], &vl[l], strides, cache, l));
+    if (mla) continue;  // written below, through the library
     size_t n = (size_t)c.num_blocks * strides[0];
     fill_random(kl[l], n, cdt, o.seed * 100 + 2 * l, o.threads);
     fill_random(vl[l], n, cdt, o.seed * 100 + 2 * l + 1, o.threads);
+  }
+  if (mla) {
+    // Every position a sequence attends to (context and new tokens) gets a random latent row
+    // through pagedattn_kv_cache_write_latent, as an engine's steps leave them; the timed
+    // forwards then only read.
+    int64_t rows = 0;
+    for (int s = 0; s < B; ++s) rows += (int64_t)c.ctxs[s] + c.qlens[s];
+    Tensor src(2, rows, D, 0, dt), slots(1, rows, 0, 0, dt, 64);
+    int64_t* sl = (int64_t*)slots.data();
+    int64_t r = 0;
+    for (int s = 0; s < B; ++s)
+      for (int p = 0; p < c.ctxs[s] + c.qlens[s]; ++p)
+        sl[r++] = (int64_t)c.tables[(size_t)s * c.table_stride + p / bs] * bs + p % bs;
+    for (int l = 0; l < L; ++l) {
+      fill_random(src.data(), (size_t)rows * D, dt, o.seed * 100 + 2 * l, o.threads);
+      CHECK(pagedattn_kv_cache_write_latent(cache, l, &src.t, nullptr, &slots.t, 1.0f, nullptr));
+    }
   }
 
   // The decode's own blocks read with no arithmetic by a plain prefetching loop: what scattered
@@ -380,10 +432,16 @@ int main(int argc, char** argv) {
     if (paged_ceiling) paged = measure_paged_read(pl, o.threads, 7);
   }
 
-  std::fprintf(txt, "pagedattn-bench %s | backend %s (%d threads) | H %d Hkv %d D %d | block %d %s"
-               " | dtype %s cache %s\n",
-               o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs,
-               o.layout.c_str(), pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt));
+  if (mla)
+    std::fprintf(txt, "pagedattn-bench %s | backend %s (%d threads) | H %d, latent rows D %d"
+                 " (values R %d) | block %d | dtype %s cache %s\n",
+                 o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, D,
+                 o.value_size, bs, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt));
+  else
+    std::fprintf(txt, "pagedattn-bench %s | backend %s (%d threads) | H %d Hkv %d D %d | block %d"
+                 " %s | dtype %s cache %s\n",
+                 o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D,
+                 bs, o.layout.c_str(), pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt));
   std::fprintf(txt, "  pool: %d blocks x %d layers = %s (LLC %s; one layer per call, rotated)\n",
                c.num_blocks, L, fmt_bytes(L * layer_bytes).c_str(), fmt_bytes((double)llc).c_str());
   {
@@ -699,6 +757,111 @@ int main(int argc, char** argv) {
       pagedattn_backend_destroy(be1);
     }
     pagedattn_batch_destroy(batch);
+  } else if (mla) {
+    pagedattn_batch_desc bdsc;
+    CHECK(pagedattn_batch_desc_init(&bdsc));
+    bdsc.num_seqs = B;
+    bdsc.query_lens = c.qlens.data();
+    bdsc.context_lens = c.ctxs.data();
+    bdsc.block_tables = c.tables.data();
+    bdsc.block_table_stride = c.table_stride;
+    pagedattn_batch* batch = nullptr;
+    CHECK(pagedattn_batch_create(&batch, be, cache, nullptr, &bdsc));
+    const int64_t T = c.tokens;
+    const int R = o.value_size;
+    // DeepSeek's split query: q_nope (R values, W_UK absorbed) and q_pe (the D - R rotary ones).
+    Tensor qn(3, T, H, R, dt), qp(3, T, H, D - R, dt), out(3, T, H, R, dt);
+    fill_random(qn.data(), (size_t)T * H * R, dt, o.seed + 11, o.threads);
+    fill_random(qp.data(), (size_t)T * H * (D - R), dt, o.seed + 12, o.threads);
+    pagedattn_attention_options ao;
+    CHECK(pagedattn_attention_options_init_sized(&ao, sizeof ao));
+    ao.num_heads = H;
+    ao.num_kv_heads = 1;
+    ao.head_size = D;
+
+    // Counting: every latent row a sequence attends to read once (all heads share it); q and
+    // out are reported apart. FLOPs: per (query, key) pair and head, 2*D for the score and 2*R
+    // for the weighted sum; causal pairs only.
+    double keys = 0, pairs = 0;
+    for (int s = 0; s < B; ++s) {
+      double ql = c.qlens[s], ctx = c.ctxs[s];
+      keys += ctx + ql;
+      pairs += ql * ctx + ql * (ql + 1) / 2;
+    }
+    bytes = keys * D * csz;
+    flops = 2.0 * (D + R) * H * pairs;
+    flop_formula = "2*(D+R)*H*sum_s(q_s*c_s + q_s*(q_s+1)/2)";
+    std::fprintf(txt, "  counting: %.0f latent rows x %d x %zu B read once = %s; q + out add %s;"
+                 " %.4g FLOPs\n", keys, D, csz, fmt_bytes(bytes).c_str(),
+                 fmt_bytes((double)T * H * (D + R) * dsz).c_str(), flops);
+
+    const int n = o.warmup + o.iters;
+    {
+      Progress pr("library");
+      const double c0 = cpu_seconds(), w0 = now_s();
+      for (int i = 0; i < n; ++i) {
+        double t0 = now_s();
+        CHECK(pagedattn_forward_mla(be, batch, cache, i % L, &ao, &qn.t, &qp.t, &out.t, nullptr,
+                                    nullptr));
+        double dt_s = now_s() - t0;
+        if (i >= o.warmup) times.push_back(dt_s);
+        pr.tick(i + 1, n);
+      }
+      lib_cpu = cpu_seconds() - c0;
+      lib_wall = now_s() - w0;
+      remeasure();
+    }
+
+    // Naive baseline over the same rows.
+    BaselineProblem bp;
+    bp.num_heads = H;
+    bp.num_kv_heads = 1;
+    bp.head_size = D;
+    bp.value_size = R;
+    bp.block_size = bs;
+    bp.scale = 1.0f / std::sqrt((float)D);
+    bp.dtype = dt;
+    bp.cache_dtype = cdt;
+    std::memcpy(bp.strides, strides, sizeof strides);
+    bp.query_lens = c.qlens;
+    bp.context_lens = c.ctxs;
+    bp.query_start.assign(B + 1, 0);
+    for (int s = 0; s < B; ++s) bp.query_start[s + 1] = bp.query_start[s] + c.qlens[s];
+    bp.tables = c.tables;
+    bp.table_stride = c.table_stride;
+    int biters = o.baseline_iters;
+    if (biters < 0) biters = flops / (1e9 * o.threads) > 10 ? 1 : std::min(o.iters, 5);
+    if (biters > 0 || o.check) {
+      MlaBaseline base(bp, o.threads);
+      Tensor bout(3, T, H, R, dt);
+      const int bn = std::max(biters, 1);
+      const bool warm = biters > 1;
+      const int checked = (n - 1) % L;  // the layer of the library's last output
+      Progress pr("baseline");
+      for (int i = 0; i < bn + (warm ? 1 : 0); ++i) {
+        int l = (checked + 1 + i) % L;
+        if (i == bn + (warm ? 1 : 0) - 1) l = checked;
+        double t0 = now_s();
+        base.run(kl[l], qn.data(), qp.data(), bout.data());
+        double dt_s = now_s() - t0;
+        if (!(warm && i == 0) && biters > 0) base_times.push_back(dt_s);
+        pr.tick(i + 1, bn);
+      }
+      if (o.check) {
+        double mx = 0, mref = 0;
+        for (size_t i = 0; i < (size_t)T * H * R; ++i) {
+          double a = load_elem(out.data(), i, dt), b = load_elem(bout.data(), i, dt);
+          if (std::isnan(a) || std::isnan(b)) {
+            mx = INFINITY;
+            break;
+          }
+          mx = std::max(mx, std::fabs(a - b));
+          mref = std::max(mref, std::fabs(b));
+        }
+        max_rel_err = mref > 0 ? mx / mref : mx;
+      }
+    }
+    pagedattn_batch_destroy(batch);
   } else if (o.mode == "cache-write") {
     const int64_t T = c.tokens;
     Tensor k(3, T, Hkv, D, dt), v(3, T, Hkv, D, dt), slots(1, T, 0, 0, dt, 64);
@@ -902,7 +1065,7 @@ int main(int argc, char** argv) {
         "\"paged_ratio\":%.4f,\"cpu_target\":\"%s\",\"scaling_rounds\":%d,"
         "\"scaling_lib\":%.4f,\"scaling_core\":%.4f,\"scaling_stream\":%.4f,"
         "\"scaling_paged\":%.4f,\"scaling_t1_median_s\":%.9g,\"scaling_tn_median_s\":%.9g,"
-        "\"sinks_ratio\":%.4f,\"verify_ratio\":%.4f}\n",
+        "\"sinks_ratio\":%.4f,\"verify_ratio\":%.4f,\"value_size\":%d}\n",
         o.mode.c_str(), caps.name ? caps.name : o.backend.c_str(), o.threads, H, Hkv, D, bs, B,
         o.context, o.query, pagedattn_dtype_name(dt), pagedattn_dtype_name(cdt), o.layout.c_str(),
         L, o.iters, o.warmup, med, st.min, st.p25, st.p75, st.max, bytes, bps, flops,
@@ -911,7 +1074,7 @@ int main(int argc, char** argv) {
         llc, bw_ratio_best, gemm_ratio_best, cpu_share, paged.bytes_per_s, paged_ratio,
         getenv("PAGEDATTN_CPU_TARGET") ? getenv("PAGEDATTN_CPU_TARGET") : "default", o.scaling,
         s_lib.median, s_core.median, s_stream.median, s_paged.median, stats_of(sc_t1).median,
-        stats_of(sc_tn).median, s_sink.median, s_verify.median);
+        stats_of(sc_tn).median, s_sink.median, s_verify.median, o.value_size);
   }
 
   pagedattn_kv_cache_destroy(cache);

@@ -65,6 +65,15 @@ run cache-write      --mode cache-write --batch 16 --query 256 $common --dtype b
 run cache-write-fp8  --mode cache-write --batch 16 --query 256 $common --dtype bf16 \
                      --cache-dtype fp8_e4m3
 run copy-blocks      --mode copy-blocks --batch 16 --context 4096 $common --dtype bf16
+# Multi-head latent attention (DeepSeek V3 / Kimi K2 shapes: latent rows of 512 values + 64 rotary,
+# blocks of 64; 16 heads = one tensor-parallel rank of 8, 128 = all heads on one device).
+mla="--head-size 576 --value-size 512 --block-size 64 --dtype bf16"
+run mla-decode-h16-bf16  --mode mla-decode --batch 16 --context 4096 --heads 16 $mla
+run mla-decode-h16-fp8   --mode mla-decode --batch 16 --context 4096 --heads 16 $mla --cache-dtype fp8_e4m3
+run mla-decode-h128-bf16 --mode mla-decode --batch 16 --context 4096 --heads 128 $mla --iters 10
+run mla-decode-h128-fp8  --mode mla-decode --batch 16 --context 4096 --heads 128 $mla --iters 10 \
+                         --cache-dtype fp8_e4m3
+run mla-prefill-h16      --mode mla-prefill --batch 4 --query 2048 --heads 16 $mla --iters 5 --warmup 1
 # Where onednn overtakes cpu (the rule for `auto`): prefill of growing length, both backends.
 for q in 8 16 32 64 128 512; do
   for be in cpu onednn; do

@@ -14,7 +14,7 @@ def main(path):
           "| cpu share |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        q = 1 if r["mode"] == "decode" else r["query"]
+        q = 1 if r["mode"] in ("decode", "mla-decode") else r["query"]
         shape = "%d x %d / %d" % (r["batch"], r["context"], q)
         bw = "%.2f (%.0f%%)" % (r["bytes_per_s"] / 1e9, 100 * r["bw_ratio"]) if r["read_bw"] else \
             "%.2f" % (r["bytes_per_s"] / 1e9)
@@ -30,9 +30,12 @@ def main(path):
         backend = r["backend"]
         if r.get("cpu_target", "default") != "default":
             backend += " (%s)" % r["cpu_target"]
-        print("| %s | %s | %d | %d / %d | %s | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %s | %.0f "
+        heads = "%d / %d" % (r["heads"], r["kv_heads"])
+        if r["mode"].startswith("mla"):  # one latent row of head_size values, value_size of them out
+            heads = "%d / latent %d (R %d)" % (r["heads"], r["head_size"], r.get("value_size", 0))
+        print("| %s | %s | %d | %s | %s | %s | %s | %.2f [%.2f, %.2f] | %s | %s | %s | %s | %.0f "
               "| %.0f%% |" % (
-            r["mode"], backend, r["threads"], r["heads"], r["kv_heads"], shape, r["cache_dtype"], r["layout"],
+            r["mode"], backend, r["threads"], heads, shape, r["cache_dtype"], r["layout"],
             r["median_s"] * 1e3, r["min_s"] * 1e3, r["max_s"] * 1e3, bw, fl, roof, sp,
             r["tokens_per_s"], 100 * r.get("cpu_share", 0)))
     for r in rows:

@@ -63,8 +63,9 @@ def test_torch_wrap_and_refusals(be: pa.Backend) -> None:
 def test_bench_compare_torch_cpu_meets_float64() -> None:
     """bench/compare_torch_cpu.py on small shapes: it runs through this binding, judges every
     contender against its own float64 reference, prints each one's error, and exits 1 when ours
-    (bf16 and fp8 caches, prefill) exceeds the library's tolerance. A peer's error is printed,
-    never used as the oracle (torch 1.13's bf16 path is beyond bf16 tolerance on some CPUs)."""
+    (bf16 and fp8 caches, prefill, MLA decode and prefill) exceeds the library's tolerance. A
+    peer's error is printed, never used as the oracle (torch 1.13's bf16 path is beyond bf16
+    tolerance on some CPUs)."""
     import os
     import re
     import subprocess
@@ -74,10 +75,14 @@ def test_bench_compare_torch_cpu_meets_float64() -> None:
                           "compare_torch_cpu.py")
     r = subprocess.run([sys.executable, script, "--batch", "3", "--context", "100", "--heads", "8",
                         "--kv-heads", "2", "--head-size", "64", "--prefill-seqs", "2",
-                        "--prefill-len", "70", "--rounds", "1", "--inner", "1"],
+                        "--prefill-len", "70", "--mla-heads", "16", "--rounds", "1",
+                        "--inner", "1"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    cases = 3 if hasattr(torch, "float8_e4m3fn") else 2  # fp8: skipped, and said so, on torch < 2.1
+    fp8 = hasattr(torch, "float8_e4m3fn")  # fp8 and mla-fp8: skipped, and said so, on torch < 2.1
+    cases = 3 if fp8 else 2
+    if "mla cases skipped" not in r.stdout:  # MLA decode (16 heads, bf16; fp8) and prefill
+        cases += 3 if fp8 else 2
     if "ipex cases skipped" not in r.stdout:  # IPEX installed for this torch: its 3 cases too
         cases += 3
     judged = re.findall(r"vs float64 \(tolerance ([0-9.e-]+)\): ours ([0-9.e+-]+|inf)", r.stdout)
