@@ -70,6 +70,37 @@ bool looks_like_seq_lens(const Plan& p, const int64_t rep[2]) {
   return seq[0] != seq[1];
 }
 
+/* The backend and batch of a forward, checked and matched. */
+pagedattn_backend* check_forward_handles(pagedattn_backend* backend, const pagedattn_batch* batch,
+                                         const pagedattn_batch** h) {
+  pagedattn_backend* b = check_backend(backend, "backend");
+  *h = check_batch(batch, "batch");
+  if ((*h)->backend != b)
+    fail(PAGEDATTN_ERROR_INVALID_HANDLE, "batch belongs to another backend (%s)",
+         backend_name((*h)->backend));
+  return b;
+}
+
+/* The option values every forward checks alike (the head counts' rules differ per kind). */
+void check_option_values(const pagedattn_attention_options& o) {
+  if (o.flags != 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->flags = 0x%x, must be 0", o.flags);
+  if (o.num_heads <= 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_heads = %d <= 0", o.num_heads);
+  if (o.head_size <= 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->head_size = %d <= 0", o.head_size);
+  if (!std::isfinite(o.scale) || o.scale < 0.0f)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->scale = %g must be finite and >= 0",
+         static_cast<double>(o.scale));
+  if (!std::isfinite(o.soft_cap) || o.soft_cap < 0.0f)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->soft_cap = %g must be finite and >= 0",
+         static_cast<double>(o.soft_cap));
+  if (o.sliding_window < 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->sliding_window = %d < 0", o.sliding_window);
+  if (o.attention_chunk < 0)
+    fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->attention_chunk = %d < 0", o.attention_chunk);
+}
+
 }  // namespace
 
 }  // namespace pa
@@ -110,11 +141,8 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
                                                 pagedattn_tensor* out, pagedattn_tensor* lse,
                                                 void* stream) {
   return pa::guard([&] {
-    pagedattn_backend* b = pa::check_backend(backend, "backend");
-    const pagedattn_batch* h = pa::check_batch(batch, "batch");
-    if (h->backend != b)
-      pa::fail(PAGEDATTN_ERROR_INVALID_HANDLE, "batch belongs to another backend (%s)",
-               pa::backend_name(h->backend));
+    const pagedattn_batch* h = nullptr;
+    pagedattn_backend* b = pa::check_forward_handles(backend, batch, &h);
     const pagedattn_attention_options o = pa::read_struct(opts, "opts");
     const int32_t raw_type = pa::raw_enum(o.attention_type);
     if (raw_type < PAGEDATTN_ATTENTION_DECODER || raw_type > PAGEDATTN_ATTENTION_CROSS)
@@ -125,30 +153,13 @@ PAGEDATTN_API pagedattn_status pagedattn_forward(pagedattn_backend* backend,
     const bool encoder_like =
         type == PAGEDATTN_ATTENTION_ENCODER || type == PAGEDATTN_ATTENTION_ENCODER_ONLY;
     const bool cross = type == PAGEDATTN_ATTENTION_CROSS;
-    if (o.flags != 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->flags = 0x%x, must be 0", o.flags);
-    if (o.num_heads <= 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_heads = %d <= 0", o.num_heads);
+    pa::check_option_values(o);
     if (o.num_kv_heads <= 0)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_kv_heads = %d <= 0", o.num_kv_heads);
-    if (o.head_size <= 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->head_size = %d <= 0", o.head_size);
     if (o.num_heads % o.num_kv_heads != 0)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
                "opts->num_heads %d is not a multiple of opts->num_kv_heads %d", o.num_heads,
                o.num_kv_heads);
-    if (!std::isfinite(o.scale) || o.scale < 0.0f)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->scale = %g must be finite and >= 0",
-               static_cast<double>(o.scale));
-    if (!std::isfinite(o.soft_cap) || o.soft_cap < 0.0f)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->soft_cap = %g must be finite and >= 0",
-               static_cast<double>(o.soft_cap));
-    if (o.sliding_window < 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->sliding_window = %d < 0",
-               o.sliding_window);
-    if (o.attention_chunk < 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->attention_chunk = %d < 0",
-               o.attention_chunk);
     if (o.write_kv != 0 && o.write_kv != 1)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->write_kv = %d is not 0 or 1", o.write_kv);
     pa::check_finite_positive(o.k_scale, "k_scale");
@@ -365,38 +376,18 @@ PAGEDATTN_API pagedattn_status pagedattn_forward_mla(pagedattn_backend* backend,
                                                     pagedattn_tensor* out, pagedattn_tensor* lse,
                                                     void* stream) {
   return pa::guard([&] {
-    pagedattn_backend* b = pa::check_backend(backend, "backend");
-    const pagedattn_batch* h = pa::check_batch(batch, "batch");
-    if (h->backend != b)
-      pa::fail(PAGEDATTN_ERROR_INVALID_HANDLE, "batch belongs to another backend (%s)",
-               pa::backend_name(h->backend));
+    const pagedattn_batch* h = nullptr;
+    pagedattn_backend* b = pa::check_forward_handles(backend, batch, &h);
     const pagedattn_attention_options o = pa::read_struct(opts, "opts");
     if (pa::raw_enum(o.attention_type) != PAGEDATTN_ATTENTION_DECODER)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
                "opts->attention_type = %d: MLA attention is decoder attention (type 0) only",
                pa::raw_enum(o.attention_type));
-    if (o.flags != 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->flags = 0x%x, must be 0", o.flags);
-    if (o.num_heads <= 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->num_heads = %d <= 0", o.num_heads);
+    pa::check_option_values(o);
     if (o.num_kv_heads != 1)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,
                "opts->num_kv_heads = %d: MLA reads one latent row per token, num_kv_heads 1",
                o.num_kv_heads);
-    if (o.head_size <= 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->head_size = %d <= 0", o.head_size);
-    if (!std::isfinite(o.scale) || o.scale < 0.0f)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->scale = %g must be finite and >= 0",
-               static_cast<double>(o.scale));
-    if (!std::isfinite(o.soft_cap) || o.soft_cap < 0.0f)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->soft_cap = %g must be finite and >= 0",
-               static_cast<double>(o.soft_cap));
-    if (o.sliding_window < 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->sliding_window = %d < 0",
-               o.sliding_window);
-    if (o.attention_chunk < 0)
-      pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT, "opts->attention_chunk = %d < 0",
-               o.attention_chunk);
     pa::check_finite_positive(o.k_scale, "k_scale");
     if (o.k_head_scales || o.v_head_scales)
       pa::fail(PAGEDATTN_ERROR_INVALID_ARGUMENT,

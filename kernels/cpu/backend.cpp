@@ -121,6 +121,21 @@ int64_t write_chunk(int64_t n, int workers) {
 
 // ---- forward ----
 
+// Merges the split-KV parts of a forward's schedule into its output rows, `dim` values each.
+void merge_splits(pa_runtime::ThreadPool& pool, uint32_t ti, const pa_forward_args& a,
+                  const Schedule& sc, int32_t dim) {
+  if (!sc.any_split) return;
+  pool.parallel_for(sc.base_items, [&](int64_t item, int) {
+    AttnItem it;
+    SplitParts parts;
+    merge_item(a, sc, item, &it, &parts);
+    if (parts.n <= 1) return;
+    it.head_size = dim;
+    attention_merge_parts(ti, it, parts.n, parts.acc, parts.stride, parts.m, parts.l,
+                          parts.stride);
+  });
+}
+
 pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
   auto* b = static_cast<Backend*>(state);
   const pa_forward_args& a = *args;
@@ -157,16 +172,7 @@ pagedattn_status forward(void* state, const pa_forward_args* args, char* msg) {
     });
 
     // 4. Merge the split parts.
-    if (sc.any_split) {
-      pool.parallel_for(sc.base_items, [&](int64_t item, int) {
-        AttnItem it;
-        SplitParts parts;
-        merge_item(a, sc, item, &it, &parts);
-        if (parts.n <= 1) return;
-        attention_merge_parts(ti, it, parts.n, parts.acc, parts.stride, parts.m, parts.l,
-                              parts.stride);
-      });
-    }
+    merge_splits(pool, ti, a, sc, a.head_size);
     return PAGEDATTN_OK;
   } catch (...) {
     set_msg(msg, "cpu: unexpected exception in forward");
@@ -220,17 +226,8 @@ pagedattn_status forward_mla(void* state, const pa_forward_args* args, char* msg
       m.value_size = a.value_size;
       mla_item(b->target, m, plan->mla + static_cast<size_t>(worker) * plan->mla_floats);
     });
-    if (sc.any_split) {
-      pool.parallel_for(sc.base_items, [&](int64_t item, int) {
-        AttnItem it;
-        SplitParts parts;
-        merge_item(a, sc, item, &it, &parts);
-        if (parts.n <= 1) return;
-        it.head_size = a.value_size;  // the parts and the output rows are value_size wide
-        attention_merge_parts(b->target.index, it, parts.n, parts.acc, parts.stride, parts.m,
-                              parts.l, parts.stride);
-      });
-    }
+    // The parts and the output rows are value_size wide.
+    merge_splits(pool, b->target.index, a, sc, a.value_size);
     return PAGEDATTN_OK;
   } catch (...) {
     set_msg(msg, "cpu: unexpected exception in forward_mla");
