@@ -89,6 +89,23 @@ __device__ __forceinline__ void copy_unit_async(char* dst, const char* src,
     default: copy_unit(dst, src, vec PA_ACCESS_FWD); break;
   }
 }
+// 16 bytes from src to dst, or 16 zero bytes when !valid (src is then not read): cp.async's
+// zero fill, so that a tile's edge needs no branch.
+__device__ __forceinline__ void copy16_async_or_zero(char* dst, const char* src,
+                                                     bool valid PA_ACCESS_SITE) {
+  if (valid) {
+    PA_ACCESS_NOTE(kAsyncSrc, kUseKV, src, 16);
+    PA_ACCESS_NOTE(kAsyncDst, kUseOther, dst, 16);
+  }
+#if defined(PA_SIM)
+  __pipeline_memcpy_async(dst, src, 16, valid ? 0 : 16);
+#else
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
 __device__ __forceinline__ void async_commit() { __pipeline_commit(); }
 // Waits until at most `pending` of this thread's committed groups are still in flight.
 template <int pending>

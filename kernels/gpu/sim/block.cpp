@@ -458,7 +458,10 @@ void async_wait_prior(int pending) {
   if (t_block->prof && t.linear % t_block->cfg->warp_size == 0)
     count_warp_op(*t_block, t.linear, Op::kWait);
   while (static_cast<int>(t.groups.size()) > pending) {
-    for (const Copy& cp : t.groups.front()) memcpy(cp.dst, cp.src, cp.bytes);
+    for (const Copy& cp : t.groups.front()) {
+      if (cp.src) memcpy(cp.dst, cp.src, cp.bytes);
+      else memset(cp.dst, 0, cp.bytes);  // a zero fill
+    }
     t.groups.pop_front();
   }
 }

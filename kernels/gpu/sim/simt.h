@@ -44,7 +44,7 @@ PA_SIM_API float* warp_scratch();
 // The block's dynamic shared memory: a heap buffer of exactly the launch's size.
 PA_SIM_API char* dynamic_smem();
 PA_SIM_API size_t dynamic_smem_bytes();
-// cp.async: a copy that lands only at the wait that retires its group.
+// cp.async: a copy that lands only at the wait that retires its group (src NULL: zeros).
 PA_SIM_API void async_copy(void* dst, const void* src, size_t bytes);
 PA_SIM_API void async_commit();
 PA_SIM_API void async_wait_prior(int pending);
