@@ -41,47 +41,45 @@ void plan_layout(Plan* pl, const pa_batch* b, int sm_count) {
   pl->xtab_stride = (b->encoder_lens && b->cross_block_size > 0)
                         ? static_cast<int32_t>(cdiv(pl->cap_seq_len, b->cross_block_size))
                         : 0;
-  // Split-KV: only when the sequences alone leave most of the GPU idle (assume 8 CTAs of
-  // heads per sequence); partitions are multiples of 256 keys.
-  const int64_t base = static_cast<int64_t>(pl->cap_seqs) * 8;
+  // Split-KV: decode rows longer than 512 keys may be split into partitions (multiples of 256
+  // keys) when the step's rows alone leave most of the GPU idle; fill_plan picks the partition
+  // from each step's rows, so a batch planned for many sequences still splits a step of few.
+  // A step of n rows splits each into at most cdiv(want, 8 n) parts (assuming 8 CTAs of heads
+  // per row): n + want / 8 items at most.
+  pl->sm_count = sm_count;
+  pl->split = pl->cap_seq_len > 512;
   const int64_t want = 2 * static_cast<int64_t>(sm_count);
-  int64_t splits = 1;
-  if (base < want && pl->cap_seq_len > 512)
-    splits = std::min<int64_t>({cdiv(want, std::max<int64_t>(base, 1)), cdiv(pl->cap_seq_len, 256), 32});
-  int64_t max_splits = 1;
-  if (splits > 1) {
-    pl->part_len = static_cast<int32_t>(cdiv(cdiv(pl->cap_seq_len, splits), 256) * 256);
-    max_splits = cdiv(pl->cap_seq_len, pl->part_len);
-}
-pl->cap_dsplit = static_cast<int32_t>(pl->cap_seqs * max_splits);
-for (int j = 0; j < 3; ++j)
-  pl->cap_pre[j] = static_cast<int32_t>(cdiv(pl->cap_tokens, kPrefillTiles[j]) + pl->cap_seqs);
-size_t cur = 0;
-const size_t ns = static_cast<size_t>(pl->cap_seqs);
-pl->o_qlen = take(&cur, ns * 4);
-pl->o_ctx = take(&cur, ns * 4);
-pl->o_qstart = take(&cur, (ns + 1) * 4);
-pl->o_enc = take(&cur, ns * 4);
-pl->o_tab = take(&cur, ns * static_cast<size_t>(pl->tab_stride) * 4);
-pl->o_xtab = take(&cur, ns * static_cast<size_t>(pl->xtab_stride) * 4);
-pl->o_slots = take(&cur, static_cast<size_t>(pl->cap_tokens) * 8);
-pl->o_xslots = take(&cur, static_cast<size_t>(pl->cap_enc) * 8);
-pl->cap_tree = b->cap_tree_mask_bytes;
-if (pl->cap_tree > 0) {
-  pl->o_tree_ip = take(&cur, (ns + 1) * 8);
-  pl->o_tree = take(&cur, static_cast<size_t>(pl->cap_tree));
-}
-pl->o_counts = take(&cur, kNumCounts * 4);
-pl->o_dsplit = take(&cur, static_cast<size_t>(pl->cap_dsplit) * sizeof(WorkItem));
-pl->o_dwhole = take(&cur, ns * sizeof(WorkItem));
-pl->o_merge = take(&cur, ns * sizeof(MergeItem));
-for (int j = 0; j < 3; ++j) pl->o_pre[j] = take(&cur, static_cast<size_t>(pl->cap_pre[j]) * sizeof(WorkItem));
-pl->meta_bytes = cur;
-if (pl->part_len > 0) {
-  pl->o_part = take(&cur, static_cast<size_t>(pl->cap_dsplit) * kPartFloats * 4);
-  pl->o_plse = take(&cur, static_cast<size_t>(pl->cap_dsplit) * kPartHeads * 4);
-}
-pl->dev_bytes = cur;
+  pl->cap_dsplit =
+      static_cast<int32_t>(pl->split ? pl->cap_seqs + cdiv(want, 8) : pl->cap_seqs);
+  for (int j = 0; j < 3; ++j)
+    pl->cap_pre[j] = static_cast<int32_t>(cdiv(pl->cap_tokens, kPrefillTiles[j]) + pl->cap_seqs);
+  size_t cur = 0;
+  const size_t ns = static_cast<size_t>(pl->cap_seqs);
+  pl->o_qlen = take(&cur, ns * 4);
+  pl->o_ctx = take(&cur, ns * 4);
+  pl->o_qstart = take(&cur, (ns + 1) * 4);
+  pl->o_enc = take(&cur, ns * 4);
+  pl->o_tab = take(&cur, ns * static_cast<size_t>(pl->tab_stride) * 4);
+  pl->o_xtab = take(&cur, ns * static_cast<size_t>(pl->xtab_stride) * 4);
+  pl->o_slots = take(&cur, static_cast<size_t>(pl->cap_tokens) * 8);
+  pl->o_xslots = take(&cur, static_cast<size_t>(pl->cap_enc) * 8);
+  pl->cap_tree = b->cap_tree_mask_bytes;
+  if (pl->cap_tree > 0) {
+    pl->o_tree_ip = take(&cur, (ns + 1) * 8);
+    pl->o_tree = take(&cur, static_cast<size_t>(pl->cap_tree));
+  }
+  pl->o_counts = take(&cur, kNumCounts * 4);
+  pl->o_dsplit = take(&cur, static_cast<size_t>(pl->cap_dsplit) * sizeof(WorkItem));
+  pl->o_dwhole = take(&cur, ns * sizeof(WorkItem));
+  pl->o_merge = take(&cur, ns * sizeof(MergeItem));
+  for (int j = 0; j < 3; ++j)
+    pl->o_pre[j] = take(&cur, static_cast<size_t>(pl->cap_pre[j]) * sizeof(WorkItem));
+  pl->meta_bytes = cur;
+  if (pl->split) {
+    pl->o_part = take(&cur, static_cast<size_t>(pl->cap_dsplit) * kPartFloats * 4);
+    pl->o_plse = take(&cur, static_cast<size_t>(pl->cap_dsplit) * kPartHeads * 4);
+  }
+  pl->dev_bytes = cur;
 }
 
 pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
@@ -107,6 +105,23 @@ pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
     memcpy(pl->h<int64_t>(pl->o_tree_ip), b->tree_indptr, (b->num_seqs + 1) * sizeof(int64_t));
     memcpy(pl->h<uint8_t>(pl->o_tree), b->tree_mask, static_cast<size_t>(bytes));
   }
+  // This step's split-KV partition (0: none) from its decode rows (plan_layout).
+  int64_t part_len = 0;
+  if (pl->split) {
+    int64_t rows = 0, max_len = 0;
+    for (int32_t i = 0; i < b->num_seqs; ++i) {
+      if (b->query_lens[i] != 1) continue;
+      ++rows;
+      max_len = std::max<int64_t>({max_len, static_cast<int64_t>(b->context_lens[i]) + 1,
+                                   b->encoder_lens ? b->encoder_lens[i] : 0});
+    }
+    const int64_t want = 2 * static_cast<int64_t>(pl->sm_count);
+    if (rows > 0 && rows * 8 < want && max_len > 512) {
+      const int64_t splits = std::min<int64_t>({cdiv(want, rows * 8), cdiv(max_len, 256), 32});
+      if (splits > 1) part_len = cdiv(cdiv(max_len, splits), 256) * 256;
+    }
+  }
+  pl->part_len = static_cast<int32_t>(part_len);
   const int32_t kAll = 0x7fffffff;
   int32_t nsplit = 0, nwhole = 0, nmerge = 0, npart = 0, npre[3] = {0, 0, 0};
   for (int32_t i = 0; i < b->num_seqs; ++i) {
@@ -138,14 +153,14 @@ pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
     if (q == 1) {
       dwhole[nwhole++] = WorkItem{i, 0, 1, 0, kAll, -1};
       const int64_t len = std::max<int64_t>(static_cast<int64_t>(c) + 1, e);
-      const int64_t ns = pl->part_len > 0 ? std::max<int64_t>(1, cdiv(len, pl->part_len)) : 1;
+      const int64_t ns = part_len > 0 ? std::max<int64_t>(1, cdiv(len, part_len)) : 1;
       if (ns == 1) {
         dsplit[nsplit++] = WorkItem{i, 0, 1, 0, kAll, -1};
       } else {
         merge[nmerge++] = MergeItem{i, npart, static_cast<int32_t>(ns), 0};
         for (int64_t sidx = 0; sidx < ns; ++sidx)
-          dsplit[nsplit++] = WorkItem{i, 0, 1, static_cast<int32_t>(sidx * pl->part_len),
-                                      static_cast<int32_t>((sidx + 1) * pl->part_len), npart++};
+          dsplit[nsplit++] = WorkItem{i, 0, 1, static_cast<int32_t>(sidx * part_len),
+                                      static_cast<int32_t>((sidx + 1) * part_len), npart++};
       }
     } else if (q > 1) {
       for (int j = 0; j < 3; ++j) {
@@ -155,7 +170,7 @@ pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
       }
     }
   }
-  if (nsplit > pl->cap_dsplit) {  // cannot happen within the planned sequence length
+  if (nsplit > pl->cap_dsplit) {  // cannot happen: plan_layout's bound
     set_msg(msg, "split-KV work list overflow (%d > %d)", nsplit, pl->cap_dsplit);
     return PAGEDATTN_ERROR_CAPACITY;
   }
@@ -181,7 +196,7 @@ pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
 }
 
 bool decode_split(const Plan& pl, int32_t num_heads, int32_t head_size) {
-  return pl.part_len > 0 && static_cast<int64_t>(num_heads) * head_size <= kPartFloats;
+  return pl.split && static_cast<int64_t>(num_heads) * head_size <= kPartFloats;
 }
 
 int64_t set_write_launch(const Plan& pl, bool cross, WriteParams* w) {

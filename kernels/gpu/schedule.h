@@ -37,7 +37,9 @@ struct Plan {
   int32_t cap_seqs = 0;
   int64_t cap_tokens = 0, cap_enc = 0, cap_seq_len = 0;
   int32_t tab_stride = 0, xtab_stride = 0;
-  int32_t part_len = 0;       // split-KV partition (keys); 0 = no split
+  bool split = false;         // decode rows may take the split-KV list (a workspace exists)
+  int32_t sm_count = 0;
+  int32_t part_len = 0;       // the last fill's split-KV partition (keys); 0 = no split
   int32_t cap_dsplit = 0, cap_pre[3] = {0, 0, 0};
   template <typename T> T* h(size_t off) { return reinterpret_cast<T*>(host.data() + off); }
   template <typename T> T* d(size_t off) const { return reinterpret_cast<T*>(dev + off); }
@@ -46,17 +48,18 @@ struct Plan {
 // Formats an op's message into msg (PA_MSG_LEN bytes; nothing when msg is NULL). In backend.cu.
 void set_msg(char* msg, const char* fmt, ...);
 
-// Sizes a new plan for the batch's capacities: table widths, the split-KV partition (from the
-// device's SM count), the offsets of the metadata and workspace in its device buffer, and
-// meta_bytes / dev_bytes. Allocates nothing.
+// Sizes a new plan for the batch's capacities: table widths, whether decode rows may split
+// (fill_plan picks each step's partition, from the device's SM count), the offsets of the
+// metadata and workspace in its device buffer, and meta_bytes / dev_bytes. Allocates nothing.
 void plan_layout(Plan* pl, const pa_batch* b, int sm_count);
 
 // Fills the staging image from the batch's host arrays: lengths, tables, slot mappings, the
 // work lists and their counts. CAPACITY when the batch outgrows the plan.
 pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg);
 
-// Whether decode rows take the split-KV lists: the plan has partitions and a partial of
-// num_heads * head_size floats fits the workspace.
+// Whether decode rows take the split-KV lists: the plan has a split workspace and a partial of
+// num_heads * head_size floats fits it. Fixed for the plan's life, so a captured graph launches
+// the same lists after any update; a step without partitions gives the split list whole rows.
 bool decode_split(const Plan& pl, int32_t num_heads, int32_t head_size);
 
 // Launch shapes. Each set_*_launch points one launch's parameters at its list in the plan's

@@ -202,6 +202,36 @@ TEST_F(Gpu, SplitKvLongDecodes) {
   run_cases(cases, master);
 }
 
+// A batch planned for many sequences (a graph's capacity) and updated to a step of few long
+// decodes still splits their keys: the partition follows each step's rows.
+TEST_F(Gpu, SplitKvFollowsTheStepNotTheCapacity) {
+  const uint64_t master = pat::test_seed();
+  std::mt19937_64 rng(master ^ 0x6);
+  std::vector<AttnCase> cases;
+  for (int i = 0; i < 4; ++i) {
+    AttnCase c;
+    c.dtype = kModel[i % 3];
+    if (i == 3) c.cache_dtype = kCache[1];
+    c.H = 32;
+    c.Hkv = 8;
+    c.D = 128;
+    c.block_size = kGpuBlocks[i % 5];
+    c.lse = true;
+    c.via_update = true;
+    c.spare_seqs = 254;
+    if (i == 2) c.sinks = true;
+    const int n = 1 + i % 3;
+    for (int s = 0; s < n; ++s) {
+      SeqSpec q;
+      q.qlen = 1;
+      q.ctx = 1500 + static_cast<int>(rng() % 3000);
+      c.seqs.push_back(q);
+    }
+    cases.push_back(c);
+  }
+  run_cases(cases, master);
+}
+
 TEST_F(Gpu, LongChunkedPrefill) {
   const uint64_t master = pat::test_seed();
   std::mt19937_64 rng(master ^ 0x3);

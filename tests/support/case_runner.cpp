@@ -554,7 +554,7 @@ void pick_strides(std::mt19937_64& rng, bool strided, int64_t rows, int64_t head
     first.query_lens = ones.data();
     first.context_lens = zeros.data();
     first.slot_mapping = nullptr;
-    first.max_num_seqs = nseq + 2;
+    first.max_num_seqs = nseq + c.spare_seqs;
     first.max_num_tokens = std::max<int64_t>(T, nseq) + 5;
     first.max_blocks_per_seq = std::max(self_w, cross ? cross_w : 0);
     first.max_num_encoder_tokens = enc_total + 3;

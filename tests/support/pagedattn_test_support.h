@@ -227,6 +227,7 @@ struct AttnCase {
   bool wrap_cache = false;   /* cache over test memory with padded strides */
   bool caller_slots = false; /* pass the slot mapping in the batch desc */
   bool via_update = false;   /* plan a different step with spare capacity, then batch_update */
+  int32_t spare_seqs = 2;    /* via_update: the first plan's sequences beyond the case's */
   bool seq_lens_form = false; /* describe the batch as seq_lens + query_start_loc (vLLM v1) */
   int32_t pad_rows = 0;      /* extra trailing rows of q/k/v/out/lse (a padded token count):
                                 q/k/v's hold garbage, out/lse's must stay untouched */
