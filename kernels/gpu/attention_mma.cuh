@@ -160,26 +160,40 @@ __device__ __forceinline__ void stage8_fp8(T* dst, uint2 r) {
                                                       pack2<T>(f[4], f[5]), pack2<T>(f[6], f[7])));
 }
 
+// A thread's key in the paged cache, chunk after chunk: its block's index in the table and its
+// slot, advanced by a chunk's keys without a division (step: the chunk's whole blocks and
+// remaining slots, divided once).
+struct KeyCursor {
+  int block, slot, step_blocks, step_slots;
+  __device__ __forceinline__ void advance(int block_size) {
+    block += step_blocks;
+    slot += step_slots;
+    if (slot >= block_size) {
+      slot -= block_size;
+      ++block;
+    }
+  }
+};
+
 // The two halves of finding a chunk's key rows, one key per thread (thread k: key c0 + k, for
-// k < kChunk): key_row_begin issues the block-table read, so that its latency passes while the
-// CTA computes on the current chunk; key_row_end computes the rows' byte offsets (-1 past
-// nk) and stores them in the padding of staged K row k of the stage the chunk will occupy,
-// where stage_kv's pieces of that key read them.
-__device__ __forceinline__ int key_row_begin(const AttnParams& p, const CtaWork& w, int c0,
-                                             int nk, int k) {
+// k < kChunk; kc its KeyCursor): key_row_begin issues the block-table read, so that its latency
+// passes while the CTA computes on the current chunk; key_row_end computes the rows' byte
+// offsets (-1 past nk) and stores them in the padding of staged K row k of the stage the chunk
+// will occupy, where stage_kv's pieces of that key read them.
+__device__ __forceinline__ int key_row_begin(const AttnParams& p, const CtaWork& w,
+                                             const KeyCursor& kc, int nk, int k) {
   if (!p.kv.paged || k >= nk) return 0;
-  return ld_global(p.kv.tables + static_cast<int64_t>(w.seq) * p.kv.table_stride +
-                       (c0 + k) / p.kv.block_size,
+  return ld_global(p.kv.tables + static_cast<int64_t>(w.seq) * p.kv.table_stride + kc.block,
                    kUseOther);
 }
 template <typename T, typename KT, int LD, int DP>
 __device__ __forceinline__ void key_row_end(const AttnParams& p, const CtaWork& w, T* ks, int c0,
-                                            int nk, int k, int blk) {
+                                            const KeyCursor& kc, int nk, int k, int blk) {
   KeyOffsets o{-1, -1};
   if (k < nk) {
     if (p.kv.paged) {
       o.k = static_cast<int64_t>(blk) * p.kv.block_stride +
-            static_cast<int64_t>((c0 + k) % p.kv.block_size) * p.kv.slot_stride +
+            static_cast<int64_t>(kc.slot) * p.kv.slot_stride +
             static_cast<int64_t>(w.kvh) * p.kv.head_stride;
       o.v = o.k;
     } else {
@@ -370,13 +384,21 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
   // not aligned for 16-byte pieces (8 for fp8) stages through stage_kv_unaligned.
   const bool vector = p.kv.vec >= static_cast<int>(8 * sizeof(KT));
   const int nk0 = min(CHUNK, hi - lo);
+  KeyCursor kcur{0, 0, 0, 0};
   if (vector && tid < CHUNK) {
-    const int b0 = key_row_begin(p, w, lo, nk0, tid);
-    const int b1 = nchunks > 1 ? key_row_begin(p, w, lo + CHUNK, min(CHUNK, hi - lo - CHUNK), tid)
-                               : 0;
-    key_row_end<T, KT, LD, DP>(p, w, stage_k(0), lo, nk0, tid, b0);
-    if (nchunks > 1)
-      key_row_end<T, KT, LD, DP>(p, w, stage_k(1), lo + CHUNK, min(CHUNK, hi - lo - CHUNK), tid, b1);
+    if (p.kv.paged) {
+      const int bs = p.kv.block_size;
+      kcur = KeyCursor{(lo + tid) / bs, (lo + tid) % bs, CHUNK / bs, CHUNK % bs};
+    }
+    const int b0 = key_row_begin(p, w, kcur, nk0, tid);
+    KeyCursor k1 = kcur;
+    k1.advance(p.kv.block_size);
+    const int nk1 = min(CHUNK, hi - lo - CHUNK);
+    const int b1 = nchunks > 1 ? key_row_begin(p, w, k1, nk1, tid) : 0;
+    key_row_end<T, KT, LD, DP>(p, w, stage_k(0), lo, kcur, nk0, tid, b0);
+    if (nchunks > 1) key_row_end<T, KT, LD, DP>(p, w, stage_k(1), lo + CHUNK, k1, nk1, tid, b1);
+    kcur = k1;
+    kcur.advance(p.kv.block_size);  // chunk 2's, which step 0 finds
   }
   __syncthreads();  // Q and the first key rows are in place
   uint32_t qa[KQ][4];
@@ -415,7 +437,7 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
     }
     const int c2 = c0 + 2 * CHUNK, nk2 = min(CHUNK, hi - c2);
     const bool ahead = VECTOR && c + 2 < nchunks && tid < CHUNK;
-    const int blk2 = ahead ? key_row_begin(p, w, c2, nk2, tid) : 0;
+    const int blk2 = ahead ? key_row_begin(p, w, kcur, nk2, tid) : 0;
     __syncthreads();
     if (active) {
       const T* ks = stage_k(c & 1);
@@ -515,7 +537,10 @@ __global__ void __launch_bounds__(MmaLayout<DMAX, WARPS>::kNT, WARPS == 1 ? 4 : 
     }
     // The rows of the chunk after the next go where this chunk lies: into K rows' padding,
     // which the reads above leave alone.
-    if (ahead) key_row_end<T, KT, LD, DP>(p, w, stage_k(c & 1), c2, nk2, tid, blk2);
+    if (ahead) {
+      key_row_end<T, KT, LD, DP>(p, w, stage_k(c & 1), c2, kcur, nk2, tid, blk2);
+      kcur.advance(p.kv.block_size);
+    }
     __syncthreads();  // the stage just read is the one the next iteration refills
   };
   // The vector path's runs of plain and of masked chunks are loops of their own; a cache not
