@@ -9,6 +9,9 @@
 // (sim/, PA_SIM) runs exactly the path of the hardware it stands for:
 //   PA_HAS_CP_ASYNC  cp.async pipelines (CUDA sm_80+)
 //   PA_HAS_MMA_SYNC  mma.sync m16n8k16 and ldmatrix register fragments (CUDA sm_80+; mma.cuh)
+//   PA_MFMA_TILES    the MFMA tiles are built (every HIP pass, host included): the host sends
+//                    16-bit tiles to them on a device with matrix cores (AttnParams.matrix_cores)
+//   PA_HAS_MFMA      v_mfma_f32_16x16x16 f16/bf16_1k (CDNA gfx90a, gfx94x device passes; mfma.cuh)
 //   PA_HAS_FP8_CVT   the fp8 -> half conversion instruction (CUDA sm_89+, per device pass)
 //   PA_LDS_64K       64 KiB of shared memory (LDS) per block: smaller tiles (AMD)
 //   PA_TARGET_GFX    devices named by gcnArchName (gfxNNN), not by compute capability (AMD)
@@ -68,6 +71,12 @@ typedef hipFuncAttributes gpuFuncAttributes;
 // A wavefront runs in lockstep; the barrier only keeps the compiler from reordering across it.
 #define PA_SYNCWARP() __builtin_amdgcn_wave_barrier()
 #define PA_LDS_64K 1
+// Matrix cores with the bf16_1k forms: CDNA2 and CDNA3 (gfx908 and RDNA stay scalar). One
+// plugin carries every architecture, so the host chooses the tile per device at run time.
+#define PA_MFMA_TILES 1
+#if defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)
+#define PA_HAS_MFMA 1
+#endif
 
 #else  // CUDA, or the emulator (PA_SIM: the host compiler against sim/include)
 #define PA_CUDA 1
@@ -121,6 +130,8 @@ typedef cudaFuncAttributes gpuFuncAttributes;
 #define PA_WARP_SIZE 32
 #else
 #define PA_WARP_SIZE 64
+#define PA_MFMA_TILES 1
+#define PA_HAS_MFMA 1
 #endif
 #define PA_SHFL_XOR(v, m) __shfl_xor((v), (m))
 #define PA_SYNCWARP() __builtin_amdgcn_wave_barrier()

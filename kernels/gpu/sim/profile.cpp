@@ -391,7 +391,9 @@ Estimate estimate(const LaunchProfile& p) {
   if (!e.device) return e;
   const DeviceModel& d = *e.device;
   const uint64_t threads = uint64_t{p.block.x} * p.block.y * p.block.z;
-  const uint64_t by_smem = d.smem_per_sm / (p.smem + d.smem_reserved);
+  // No shared memory and none reserved (AMD): shared memory does not limit the blocks.
+  const uint64_t smem_block = p.smem + d.smem_reserved;
+  const uint64_t by_smem = smem_block ? d.smem_per_sm / smem_block : d.blocks_per_sm;
   const uint64_t by_threads = threads ? d.threads_per_sm / threads : 0;
   uint64_t blocks = d.blocks_per_sm;
   e.occupancy_limit = "blocks per SM";
@@ -420,7 +422,8 @@ std::string profile_report(const LaunchProfile& p, double min_bytes) {
   static const char* const kSharedNames[kSharedKinds] = {"load", "store", "cp.async dst",
                                                          "ldmatrix"};
   static const char* const kOpNames[static_cast<int>(Op::kCount)] = {
-      "mma.sync", "shuffle", "syncwarp", "barrier", "cp.async commit", "cp.async wait"};
+      "mma.sync", "shuffle", "syncwarp", "barrier", "cp.async commit", "cp.async wait",
+      "mfma"};
   const uint64_t threads = uint64_t{p.block.x} * p.block.y * p.block.z;
   const double warps = p.warps_active ? static_cast<double>(p.warps_active) : 1.0;
   std::string r = fmt("gpusim profile: %s (launched at %s) on %s, %llu launch%s\n",

@@ -53,7 +53,10 @@ struct PA_SIM_API LaunchProfile {
   GlobalStat global_total(int kind) const;  // every use of one kind
   GlobalStat global_use(int use) const;     // every kind of one use
   uint64_t bytes_moved() const;             // sectors x 32 over every global request (no cache)
-  uint64_t tensor_flops() const { return ops[static_cast<int>(Op::kMma)] * 4096; }
+  // mma.sync m16n8k16: 2 x 16 x 8 x 16 FLOP; v_mfma 16x16x16: 2 x 16 x 16 x 16.
+  uint64_t tensor_flops() const {
+    return ops[static_cast<int>(Op::kMma)] * 4096 + ops[static_cast<int>(Op::kMfma)] * 8192;
+  }
 };
 
 // Sectors per request, and bytes used / bytes fetched (distinct bytes over sectors x 32).

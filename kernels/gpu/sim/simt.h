@@ -61,7 +61,7 @@ enum class Access : uint8_t {
   kAsyncDst,  // cp.async: the shared-memory write
   kLdmatrix,  // one row address of an ldmatrix (16 bytes)
 };
-enum class Op : uint8_t { kMma, kShuffle, kSyncwarp, kBarrier, kCommit, kWait, kCount };
+enum class Op : uint8_t { kMma, kShuffle, kSyncwarp, kBarrier, kCommit, kWait, kMfma, kCount };
 extern PA_SIM_API bool g_profiling;
 inline bool profiling() { return g_profiling; }
 // `use` sorts global traffic: 0 K/V, 1 queries, 2 outputs, 3 other (pagedattn_gpu::MemUse).
