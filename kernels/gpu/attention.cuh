@@ -14,6 +14,7 @@
 #include <atomic>
 
 #include "gpu_kernels.h"
+#include "attention_mfma.cuh"
 #include "attention_mma.cuh"
 #include "instantiations.h"
 #include "staging.cuh"
@@ -366,6 +367,13 @@ gpuError_t launch_attention_one(int32_t max_items, const AttnParams& p, gpuStrea
   } else {
     return launch_attention_scalar<T, KT, DMAX, DECODE>(max_items, p, stream);
   }
+#elif defined(PA_MFMA_TILES)
+  // The same on AMD's matrix cores (CDNA2+, wave 64) where the device has them: prefill 4
+  // waves, decode 1. One HIP plugin serves every architecture, so this is a run-time choice.
+  if constexpr (sizeof(T) == 2) {
+    if (p.matrix_cores) return launch_attention_mfma<T, KT, DMAX, DECODE ? 1 : 4>(max_items, p, stream);
+  }
+  return launch_attention_scalar<T, KT, DMAX, DECODE>(max_items, p, stream);
 #else
   return launch_attention_scalar<T, KT, DMAX, DECODE>(max_items, p, stream);
 #endif

@@ -62,6 +62,7 @@ struct State {
   int device = 0;
   int sm_count = 1;
   int64_t smem_per_block = 0;  // opt-in dynamic shared memory per block
+  bool matrix_cores = false;   // AMD CDNA2+: 16-bit tiles take the MFMA kernel
   uint64_t total_memory = 0;
   uint64_t limit = 0;
   std::atomic<uint64_t> used{0};
@@ -208,6 +209,8 @@ pagedattn_status create(void** out, const pagedattn_backend_options* opts, char*
   s->total_memory = prop.totalGlobalMem;
   try {
     s->target = device_target(prop);
+    s->matrix_cores = s->target == "gfx90a" || s->target == "gfx940" ||
+                      s->target == "gfx941" || s->target == "gfx942";
     char line[512];
     snprintf(line, sizeof line,
              "device %d: %s (%s), %d multiprocessors, %.1f GiB; code objects %s", s->device,
@@ -757,6 +760,7 @@ pagedattn_status forward(void* state, const pa_forward_args* a, char* msg) {
   AttnParams p;
   const int32_t kt = fill_attn_params(&p, a, pl);
   p.smem_per_block = s->smem_per_block;
+  p.matrix_cores = s->matrix_cores;
 
   int unsupported = 0;
   const bool split = decode_split(*pl, a->num_heads, a->head_size);

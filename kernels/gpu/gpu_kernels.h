@@ -76,8 +76,10 @@ struct AttnParams {
   float* part_o;             // [part][num_heads][head_size]
   float* part_lse;           // [part][num_heads]
   // Host side only: the shared memory the device gives a block, from which the launchers pick
-  // each tile's variant (kernels do not read it).
+  // each tile's variant, and whether it has matrix cores for the MFMA tiles (kernels read
+  // neither).
   int64_t smem_per_block;
+  int32_t matrix_cores;
 };
 
 // Rows per CTA: decode tiles (one token, up to 8 query heads of a group) and prefill tiles.
