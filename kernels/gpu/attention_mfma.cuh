@@ -48,15 +48,6 @@ struct MfmaLayout {
   static constexpr size_t kBytes = kV + 2u * kChunk * kLd;
 };
 
-__device__ __forceinline__ uint32_t mfma_bits(bf16_t x) { return x.bits; }
-__device__ __forceinline__ uint32_t mfma_bits(f16_t x) { return __half_as_ushort(x); }
-
-// Two floats rounded to T as one register of an mfma operand (lo in the low half).
-template <typename T>
-__device__ __forceinline__ uint32_t mfma_pack2(float lo, float hi) {
-  return mfma_bits(from_float<T>(lo)) | (mfma_bits(from_float<T>(hi)) << 16);
-}
-
 // d += a * b (16x16 float32 += 16x16 by 16x16 in the query type).
 template <typename T>
 __device__ __forceinline__ void mfma16(float d[4], const uint32_t a[2], const uint32_t b[2]) {
@@ -156,7 +147,7 @@ __global__ void __launch_bounds__(WAVES * 64)  // MfmaLayout::kNT (no comma: a m
                      static_cast<int64_t>(head) * p.q_head + d0;
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        if (d0 + i < D) e[i] = static_cast<uint16_t>(mfma_bits(ld_global(src + i, kUseQ)));
+        if (d0 + i < D) e[i] = static_cast<uint16_t>(bits16(ld_global(src + i, kUseQ)));
     }
     qb[kk][0] = e[0] | static_cast<uint32_t>(e[1]) << 16;
     qb[kk][1] = e[2] | static_cast<uint32_t>(e[3]) << 16;
@@ -218,8 +209,8 @@ __global__ void __launch_bounds__(WAVES * 64)  // MfmaLayout::kNT (no comma: a m
           s[mt][i] = pe;
           sum += pe;
         }
-        pb[mt][0] = mfma_pack2<T>(s[mt][0], s[mt][1]);
-        pb[mt][1] = mfma_pack2<T>(s[mt][2], s[mt][3]);
+        pb[mt][0] = pack_half2<T>(s[mt][0], s[mt][1]);
+        pb[mt][1] = pack_half2<T>(s[mt][2], s[mt][3]);
       }
       l = l * alpha + sum;
       m = m_new;
@@ -241,8 +232,8 @@ __global__ void __launch_bounds__(WAVES * 64)  // MfmaLayout::kNT (no comma: a m
           uint32_t va[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const uint32_t e0 = mfma_bits(ld_shared(vrow + (2 * h) * LD + jd * 16));
-            const uint32_t e1 = mfma_bits(ld_shared(vrow + (2 * h + 1) * LD + jd * 16));
+            const uint32_t e0 = bits16(ld_shared(vrow + (2 * h) * LD + jd * 16));
+            const uint32_t e1 = bits16(ld_shared(vrow + (2 * h + 1) * LD + jd * 16));
             va[h] = e0 | e1 << 16;
           }
           mfma16<T>(o[jd], va, pb[mt]);

@@ -57,9 +57,6 @@ struct __align__(16) KeyOffsets {
   int64_t k, v;
 };
 
-__device__ __forceinline__ uint32_t bits16(bf16_t x) { return x.bits; }
-__device__ __forceinline__ uint32_t bits16(f16_t x) { return __half_as_ushort(x); }
-
 // The float32 arithmetic of the softmax, one instruction each on sm_80+ (the emulator computes
 // the same values with the host's libm).
 // max.NaN: the larger of a and b, NaN when either is (a NaN score poisons its row).
@@ -96,7 +93,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 #else
-  return bits16(from_float<T>(lo)) | (bits16(from_float<T>(hi)) << 16);
+  return pack_half2<T>(lo, hi);
 #endif
 }
 

@@ -302,15 +302,6 @@ struct MlaMmaTile {
   static_assert(kMlaRow % 32 == 0 && kCols % 16 == 0, "whole ldmatrix_x4 tiles");
 };
 
-__device__ __forceinline__ uint32_t mla_bits16(bf16_t x) { return x.bits; }
-__device__ __forceinline__ uint32_t mla_bits16(f16_t x) { return __half_as_ushort(x); }
-
-// Two floats as one mma operand register of T: the lower-numbered element in the low half.
-template <typename T>
-__device__ __forceinline__ uint32_t mla_pack2(float lo, float hi) {
-  return mla_bits16(from_float<T>(lo)) | (mla_bits16(from_float<T>(hi)) << 16);
-}
-
 template <typename T>
 __device__ __forceinline__ void mla_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
   if constexpr (std::is_same<T, bf16_t>::value) {
@@ -517,7 +508,7 @@ __global__ void __launch_bounds__(MlaMmaTile::kNT, 2) mla_mma_kernel(const MlaPa
         o[n][2 * hr + 1] *= alpha;
       }
       st_shared(reinterpret_cast<uint32_t*>(ps + r * PLD + warp * 8 + 2 * t4),
-                mla_pack2<T>(pe[0], pe[1]));
+                pack_half2<T>(pe[0], pe[1]));
     }
     __syncthreads();
     // O += P.V for this warp's columns: P's A fragments from shared memory, V's B fragments
@@ -577,7 +568,7 @@ __global__ void __launch_bounds__(MlaMmaTile::kNT, 2) mla_mma_kernel(const MlaPa
       if (!whole) {
         st_global(reinterpret_cast<float2*>(part + d), make_float2(x[0], x[1]), kUseOut);
       } else if (pairs) {
-        st_global(reinterpret_cast<uint32_t*>(out + d), mla_pack2<T>(x[0], x[1]), kUseOut);
+        st_global(reinterpret_cast<uint32_t*>(out + d), pack_half2<T>(x[0], x[1]), kUseOut);
       } else {
         st_global(out + d, from_float<T>(x[0]), kUseOut);
         st_global(out + d + 1, from_float<T>(x[1]), kUseOut);

@@ -19,6 +19,9 @@ size_t take(size_t* cur, size_t bytes) {
 // ceil(a / b); 0 when b <= 0.
 int64_t cdiv(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
 
+// CTAs a decode step should launch to keep the device busy: two per SM.
+int64_t busy_ctas(int sm_count) { return 2 * static_cast<int64_t>(sm_count); }
+
 // The smallest power of two >= x.
 int pow2ceil(int x) {
   int p = 1;
@@ -48,7 +51,7 @@ void plan_layout(Plan* pl, const pa_batch* b, int sm_count) {
   // per row): n + want / 8 items at most.
   pl->sm_count = sm_count;
   pl->split = pl->cap_seq_len > 512;
-  const int64_t want = 2 * static_cast<int64_t>(sm_count);
+  const int64_t want = busy_ctas(sm_count);
   pl->cap_dsplit =
       static_cast<int32_t>(pl->split ? pl->cap_seqs + cdiv(want, 8) : pl->cap_seqs);
   for (int j = 0; j < 3; ++j)
@@ -115,13 +118,12 @@ pagedattn_status fill_plan(Plan* pl, const pa_batch* b, char* msg) {
       max_len = std::max<int64_t>({max_len, static_cast<int64_t>(b->context_lens[i]) + 1,
                                    b->encoder_lens ? b->encoder_lens[i] : 0});
     }
-    const int64_t want = 2 * static_cast<int64_t>(pl->sm_count);
+    const int64_t want = busy_ctas(pl->sm_count);
     if (rows > 0 && rows * 8 < want && max_len > 512) {
       const int64_t splits = std::min<int64_t>({cdiv(want, rows * 8), cdiv(max_len, 256), 32});
       if (splits > 1) part_len = cdiv(cdiv(max_len, splits), 256) * 256;
     }
   }
-  pl->part_len = static_cast<int32_t>(part_len);
   const int32_t kAll = 0x7fffffff;
   int32_t nsplit = 0, nwhole = 0, nmerge = 0, npart = 0, npre[3] = {0, 0, 0};
   for (int32_t i = 0; i < b->num_seqs; ++i) {

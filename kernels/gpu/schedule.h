@@ -39,7 +39,6 @@ struct Plan {
   int32_t tab_stride = 0, xtab_stride = 0;
   bool split = false;         // decode rows may take the split-KV list (a workspace exists)
   int32_t sm_count = 0;
-  int32_t part_len = 0;       // the last fill's split-KV partition (keys); 0 = no split
   int32_t cap_dsplit = 0, cap_pre[3] = {0, 0, 0};
   template <typename T> T* h(size_t off) { return reinterpret_cast<T*>(host.data() + off); }
   template <typename T> T* d(size_t off) const { return reinterpret_cast<T*>(dev + off); }

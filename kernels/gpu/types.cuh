@@ -54,6 +54,15 @@ template <> __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
   }
   return r;
 }
+// The bits of a 16-bit element, and two floats rounded to T (f16 or bf16) as one 32-bit
+// register of them, the lower-numbered element in the low half: how the tensor-core and
+// matrix-core operands are packed.
+__device__ __forceinline__ uint32_t bits16(bf16_t x) { return x.bits; }
+__device__ __forceinline__ uint32_t bits16(f16_t x) { return __half_as_ushort(x); }
+template <typename T>
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  return bits16(from_float<T>(lo)) | (bits16(from_float<T>(hi)) << 16);
+}
 // Saturating round-to-nearest-even to e4m3fn (max 448, no infinities).
 template <> __device__ __forceinline__ e4m3_t from_float<e4m3_t>(float x) {
   const uint32_t u = __float_as_uint(x);
